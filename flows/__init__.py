@@ -1,0 +1,1 @@
+"""Prefect flows: one module per pipeline stage, plus the command line that runs them in-process."""

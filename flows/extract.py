@@ -1,0 +1,70 @@
+"""The extraction flow: tokenize and plan → extract every shard → finalize.
+
+Re-running skips committed shards, so a killed run resumes where it stopped.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+
+from prefect import flow, get_run_logger
+from prefect.artifacts import create_progress_artifact, update_progress_artifact
+
+from store.lock import writer_lock
+from tasks.extract import ExtractRequest, check_request, extract_shard, finalize_store, prepare_store
+
+
+@flow(name="layerwave-extract")
+def extract(
+    model: str = "smollm2-135m",
+    corpus: str = "sharegpt",
+    tokens: int = 20000,
+    store: str = "layerwave.zarr",
+    max_length: int = 2048,
+    seed: int = 0,
+    device: str = "auto",
+    dtype: str = "auto",
+    storage_dtype: str = "auto",
+    topk: int = 20,
+    tokens_per_chunk: int | None = None,
+    chunks_per_shard: int | None = None,
+    batch_tokens: int | None = None,
+    overwrite: bool = False,
+    workers: int = 1,
+) -> dict:
+    """Write the hidden states of every layer of `model` over `corpus` into `store`."""
+    logger = get_run_logger()
+    request = ExtractRequest(model, corpus, tokens, store, max_length, seed, device, dtype, storage_dtype, topk,
+                             tokens_per_chunk, chunks_per_shard, batch_tokens, overwrite)
+    check_request(request)
+    with writer_lock(store, request.model_key):
+        plan = prepare_store(request)
+        key, pending = plan["model_key"], plan["pending"]
+        logger.info("%s: %d tokens in %d shards, %d already committed, %d to extract (storage %s)",
+                    key, plan["n_tokens"], plan["n_shards"], plan["committed"], len(pending), plan["storage_dtype"])
+        artifact = create_progress_artifact(progress=100.0 * plan["committed"] / plan["n_shards"],
+                                            description=f"layerwave extract {key} → {store}")
+        started, written, done = time.perf_counter(), 0, plan["committed"]
+        for result in _windowed(lambda shard: extract_shard.submit(store, key, shard, device), pending, workers):
+            done, written = done + 1, written + result["tokens"]
+            rate = written / max(time.perf_counter() - started, 1e-9)
+            eta = (plan["n_tokens"] * (1 - done / plan["n_shards"])) / max(rate, 1e-9)
+            logger.info("shard %d done (%d/%d), %.0f tokens/s, ~%.0f s left", result["shard"], done,
+                        plan["n_shards"], rate, eta)
+            update_progress_artifact(artifact, progress=100.0 * done / plan["n_shards"])
+        summary = finalize_store(store, key)
+    summary.update(tokens_written=written, seconds=round(time.perf_counter() - started, 3))
+    logger.info("%s complete: %d tokens in %s (group %s/activations)", key, summary["n_tokens"], store, key)
+    return summary
+
+
+def _windowed(submit, items, width: int):
+    """Submit at most `width` tasks at a time; yield their results in order of submission."""
+    in_flight = deque()
+    for item in items:
+        in_flight.append(submit(item))
+        if len(in_flight) >= max(1, width):
+            yield in_flight.popleft().result()
+    while in_flight:
+        yield in_flight.popleft().result()

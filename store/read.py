@@ -1,0 +1,44 @@
+"""Reading a model's activations as an xarray Dataset (lazy, dask-backed)."""
+
+from __future__ import annotations
+
+import warnings
+
+import dask.array as da
+import xarray as xr
+import zarr
+
+from store import schema
+from store.access import check_schema
+from store.dtypes import decode
+from store.errors import LayerwaveError
+
+
+def open_activations(store: str, model_key: str, *, decode_bf16: bool = True, allow_incomplete: bool = False) -> xr.Dataset:
+    """`<model>/activations` as a Dataset with dims (layer, token, hidden); bfloat16 decoded to float32.
+
+    Plain `xr.open_zarr(store, group=f"{model}/activations")` works too; this adds the checks
+    and turns bfloat16 bits (stored as uint16) back into numbers.
+    """
+    check_schema(store)
+    group_path = schema.activations_path(model_key)
+    try:
+        zarr.open_group(store, path=group_path, mode="r", use_consolidated=False)
+    except (FileNotFoundError, zarr.errors.GroupNotFoundError):
+        raise LayerwaveError(
+            f"no activations for {model_key} in {store}; run `layerwave extract --model {model_key} --store {store}`"
+        ) from None
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        ds = xr.open_zarr(store, group=group_path, consolidated=False)
+    if not ds.attrs.get("complete") and not allow_incomplete:
+        raise LayerwaveError(
+            f"activations for {model_key} in {store} are incomplete (an extraction was interrupted); "
+            f"re-run `layerwave extract --model {model_key} --store {store}` to finish them"
+        )
+    hidden = ds[schema.HIDDEN_STATES]
+    storage_dtype = hidden.attrs.get("storage_dtype", str(hidden.dtype))
+    if decode_bf16 and storage_dtype == "bfloat16":
+        decoded = da.map_blocks(decode, hidden.data, "bfloat16", dtype="float32")
+        ds[schema.HIDDEN_STATES] = hidden.copy(data=decoded)
+    return ds

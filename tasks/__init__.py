@@ -1,0 +1,1 @@
+"""Prefect tasks and the plain numeric code they wrap (importable and testable without Prefect)."""

@@ -1,0 +1,81 @@
+"""One shard's forward passes: every hidden state of every layer, plus the target's labels.
+
+Pure torch, no Prefect or Zarr: documents in, float32 arrays out, so it can be tested against a
+direct Hugging Face forward.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from store.errors import LayerwaveError
+
+CPU_BATCH_TOKENS = 2048
+
+
+@dataclass
+class ShardOutputs:
+    hidden: torch.Tensor  # float32 (layers, tokens, hidden)
+    entropy: np.ndarray  # float32 (tokens,) nats
+    topk_ids: np.ndarray  # int32 (tokens, k)
+    topk_logprobs: np.ndarray  # float32 (tokens, k)
+
+
+def auto_batch_tokens(device: torch.device, n_layers: int, hidden_size: int, vocab_size: int) -> int:
+    """Tokens per forward: fixed on CPU, sized to a quarter of free memory on CUDA."""
+    if device.type != "cuda":
+        return CPU_BATCH_TOKENS
+    free, _ = torch.cuda.mem_get_info(device)
+    per_token = 4 * (n_layers * hidden_size + 3 * vocab_size)
+    budget = free // 4 // per_token
+    return int(max(CPU_BATCH_TOKENS, min(1 << 17, 1 << (int(budget).bit_length() - 1))))
+
+
+def batches(documents: list[tuple[int, int]], batch_tokens: int) -> list[list[tuple[int, int]]]:
+    """Group documents (longest first, to pad little) so each padded batch fits `batch_tokens`."""
+    ordered = sorted(documents, key=lambda d: (-(d[1] - d[0]), d[0]))
+    groups, current = [], []
+    for document in ordered:
+        longest = (current[0][1] - current[0][0]) if current else document[1] - document[0]
+        if current and longest * (len(current) + 1) > batch_tokens:
+            groups.append(current)
+            current = []
+        current.append(document)
+    return groups + ([current] if current else [])
+
+
+@torch.inference_mode()
+def forward_shard(model, device: torch.device, token_id: np.ndarray, documents, batch_tokens: int, topk: int) -> ShardOutputs:
+    """Run the model over a shard's documents (offsets into `token_id`) and gather its outputs."""
+    n_tokens = len(token_id)
+    n_layers = model.config.num_hidden_layers + 1
+    hidden = torch.empty((n_layers, n_tokens, model.config.hidden_size), dtype=torch.float32)
+    entropy = np.empty(n_tokens, dtype=np.float32)
+    topk_ids = np.empty((n_tokens, topk), dtype=np.int32)
+    topk_logprobs = np.empty((n_tokens, topk), dtype=np.float32)
+    for group in batches(documents, batch_tokens):
+        width = max(stop - start for start, stop in group)
+        input_ids = torch.zeros((len(group), width), dtype=torch.long)
+        attention = torch.zeros((len(group), width), dtype=torch.long)
+        for row, (start, stop) in enumerate(group):
+            input_ids[row, : stop - start] = torch.from_numpy(token_id[start:stop].astype(np.int64))
+            attention[row, : stop - start] = 1
+        out = model(input_ids=input_ids.to(device), attention_mask=attention.to(device), output_hidden_states=True)
+        logprobs = torch.log_softmax(out.logits.float(), dim=-1)
+        batch_entropy = -(logprobs.exp() * logprobs).sum(-1)
+        values, indices = logprobs.topk(topk, dim=-1)
+        for row, (start, stop) in enumerate(group):
+            n = stop - start
+            for layer, states in enumerate(out.hidden_states):
+                hidden[layer, start:stop] = states[row, :n].float().cpu()
+            entropy[start:stop] = batch_entropy[row, :n].cpu().numpy()
+            topk_ids[start:stop] = indices[row, :n].cpu().numpy()
+            topk_logprobs[start:stop] = values[row, :n].cpu().numpy()
+    if not torch.isfinite(hidden).all():
+        bad = int(torch.nonzero(~torch.isfinite(hidden))[0, 0])
+        raise LayerwaveError(f"the model produced NaN/inf hidden states (first at layer {bad}); "
+                             "try --dtype float32, and check the checkpoint")
+    return ShardOutputs(hidden, entropy, topk_ids, topk_logprobs)

@@ -1,0 +1,52 @@
+"""The model registry: built-in ids from models.toml, or `hf:PATH` for any Hugging Face checkpoint."""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+
+from store.errors import LayerwaveError
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    key: str  # group name in the store
+    source: str  # gguf | random | hf
+    options: dict = field(default_factory=dict, hash=False, compare=False)
+
+    @property
+    def description(self) -> str:
+        return self.options.get("description", self.key)
+
+
+def registry() -> dict[str, dict]:
+    text = resources.files("tasks").joinpath("models.toml").read_text()
+    return tomllib.loads(text)["models"]
+
+
+def resolve(model: str) -> ModelSpec:
+    """Turn a `--model` argument into a spec, or say which ids exist."""
+    if model.startswith("hf:"):
+        path = model[3:]
+        if not path:
+            raise LayerwaveError("--model hf: needs a checkpoint path or hub id, e.g. hf:./my-model")
+        local = Path(path).expanduser()
+        if local.exists() and not (local / "config.json").is_file():
+            raise LayerwaveError(f"--model {model}: {local} is not a Hugging Face checkpoint (no config.json)")
+        return ModelSpec(key=hf_key(path), source="hf", options={"path": str(local) if local.exists() else path})
+    models = registry()
+    if model not in models:
+        raise LayerwaveError(
+            f"unknown model {model!r}; built-in models: {', '.join(sorted(models))}, or pass hf:PATH"
+        )
+    options = dict(models[model])
+    return ModelSpec(key=model, source=options.pop("source"), options=options)
+
+
+def hf_key(path: str) -> str:
+    """A store group name for a user checkpoint: `hf-` + its last path part, made path-safe."""
+    name = Path(path.rstrip("/")).name or "model"
+    return "hf-" + re.sub(r"[^A-Za-z0-9._-]+", "-", name)
