@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import sys
 
@@ -32,11 +33,13 @@ def _extract_parser(sub) -> None:
 
 
 def _run_extract(args) -> dict:
-    from flows.extract import extract
     from tasks.extract import ExtractRequest, check_request
 
     options = {k: v for k, v in vars(args).items() if k not in ("command", "json", "workers")}
     check_request(ExtractRequest(**options))  # bad input fails here, before Prefect starts
+    _configure_logging()
+    from flows.extract import extract
+
     return extract(**options, workers=args.workers)
 
 
@@ -46,6 +49,23 @@ def _run_models(args) -> dict:
     for model_id, entry in sorted(registry().items()):
         print(f"{model_id:20s} {entry.get('description', '')}")
     return {}
+
+
+class _NoTracebackForUserErrors(logging.Filter):
+    """Prefect logs a failed run's traceback; for a LayerwaveError the message alone says it all."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.exc_info and isinstance(record.exc_info[1], LayerwaveError):
+            record.exc_info, record.exc_text = None, None
+        return True
+
+
+def _configure_logging() -> None:
+    from prefect.logging.configuration import setup_logging
+
+    setup_logging()
+    for handler in logging.getLogger().handlers:
+        handler.addFilter(_NoTracebackForUserErrors())
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,9 +1,16 @@
-"""One writer per model: an exclusive flock the kernel releases if the writer dies (even SIGKILL)."""
+"""One writer per model: an exclusive flock the kernel releases if the writer dies (even SIGKILL).
+
+The lock file lives in the system temp directory, keyed by the store's real path, so taking it
+writes nothing into the store (a refused run leaves the store exactly as it was). It guards
+writers on one machine; writers on several machines must split work by model.
+"""
 
 from __future__ import annotations
 
 import fcntl
+import hashlib
 import os
+import tempfile
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -12,7 +19,8 @@ from store.errors import LayerwaveError
 
 
 def lock_path(store: str, model_key: str) -> Path:
-    return Path(store) / model_key / "extract.lock"
+    digest = hashlib.sha256(os.path.realpath(store).encode()).hexdigest()[:16]
+    return Path(tempfile.gettempdir()) / "layerwave-locks" / f"{digest}-{model_key}.lock"
 
 
 def holder(store: str, model_key: str) -> str | None:

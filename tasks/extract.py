@@ -87,6 +87,7 @@ def prepare_store(request: ExtractRequest) -> dict:
     identity["provenance"] = loaded.provenance
     wanted_hash = plan_hash(plan, identity)
 
+    probe_peak = _probe_peak(loaded, plan, request)  # before any write: a NaN model changes nothing
     root = open_root(request.store)
     key = loaded.provenance["key"]
     existing = _existing_group(root, key)
@@ -99,7 +100,6 @@ def prepare_store(request: ExtractRequest) -> dict:
         )
     if existing is not None:
         del root[key][schema.ACTIVATIONS]  # an interrupted template or a replaced extraction
-    probe_peak = _probe_peak(loaded, plan, request)
     storage_dtype = choose_storage_dtype(request.storage_dtype, loaded.model.dtype, probe_peak)
     layout = Layout(n_layers=n_layers, n_tokens=plan.n_tokens, hidden_size=loaded.hidden_size, topk=request.topk,
                     tokens_per_chunk=tokens_per_chunk, chunks_per_shard=chunks_per_shard, storage_dtype=storage_dtype)
@@ -161,7 +161,13 @@ def open_activations_group(store: str, key: str) -> zarr.Group:
     return zarr.open_group(store, path=schema.activations_path(key), mode="r+", use_consolidated=False)
 
 
-@task(name="extract-shard", retries=2, retry_delay_seconds=2, cache_policy=NO_CACHE)
+def _retry_unless_user_error(task, task_run, state) -> bool:
+    """Retry crashes and I/O hiccups, not problems a retry cannot fix (NaN model, overflow)."""
+    return not isinstance(state.result(raise_on_failure=False), LayerwaveError)
+
+
+@task(name="extract-shard", retries=2, retry_delay_seconds=2, retry_condition_fn=_retry_unless_user_error,
+      cache_policy=NO_CACHE)
 def extract_shard(store: str, key: str, shard: int, device: str = "auto") -> dict:
     """Forward one shard's documents and write the whole shard, then its commit marker."""
     group = open_activations_group(store, key)
@@ -174,8 +180,9 @@ def extract_shard(store: str, key: str, shard: int, device: str = "auto") -> dic
     start, stop = layout.shard_range(shard)
     token_id = group[schema.TOKEN_ID][start:stop]
     documents = documents_in(group[schema.DOC][start:stop])
-    outputs = forward_shard(loaded.model, loaded.device, token_id, documents, extraction["batch_tokens"], layout.topk)
     try:
+        outputs = forward_shard(loaded.model, loaded.device, token_id, documents, extraction["batch_tokens"],
+                                layout.topk)
         hidden = encode(outputs.hidden, layout.storage_dtype)
     except LayerwaveError as err:
         raise LayerwaveError(f"shard {shard}: {err}") from None

@@ -1,0 +1,75 @@
+"""Shared fixtures: an isolated Prefect (test harness), the tiny random model, a small corpus, and
+one finished extraction that several tests read."""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+
+import pytest
+
+# Isolate Prefect and the model cache before prefect is imported anywhere.
+_SESSION_DIR = tempfile.mkdtemp(prefix="layerwave-tests-")
+os.environ["PREFECT_HOME"] = os.path.join(_SESSION_DIR, "prefect")
+os.environ["PREFECT_SERVER_ANALYTICS_ENABLED"] = "false"
+os.environ["DO_NOT_TRACK"] = "1"
+os.environ["HF_HUB_OFFLINE"] = "1"
+os.environ.setdefault("LAYERWAVE_CACHE", os.path.join(_SESSION_DIR, "cache"))
+
+TINY = "tiny-random-llama"
+# Small chunks and shards so a few thousand tokens make several shards.
+SMALL_LAYOUT = {"tokens_per_chunk": 64, "chunks_per_shard": 4}
+
+
+@pytest.fixture(scope="session", autouse=True)
+def prefect_api():
+    """One Prefect test server for the whole session; yields its API URL for subprocesses."""
+    from prefect.settings import PREFECT_API_URL
+    from prefect.testing.utilities import prefect_test_harness
+
+    with prefect_test_harness(server_startup_timeout=120):
+        yield PREFECT_API_URL.value()
+
+
+@pytest.fixture(scope="session")
+def tiny():
+    from tasks.load_model import load
+
+    return load(TINY, "cpu", "auto")
+
+
+def write_corpus(path, n: int = 40) -> str:
+    """A deterministic JSONL corpus of multi-turn conversations of varied length."""
+    words = "alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu".split()
+    with open(path, "w") as handle:
+        for i in range(n):
+            user = " ".join(words[(i + j) % len(words)] for j in range(5 + i % 7))
+            reply = " ".join(words[(i * 3 + j) % len(words)] for j in range(10 + (i * 5) % 40))
+            messages = [{"role": "user", "content": f"Question {i}: {user}?"},
+                        {"role": "assistant", "content": reply}]
+            if i % 3 == 0:
+                messages += [{"role": "user", "content": "And then?"}, {"role": "assistant", "content": reply[::-1]}]
+            handle.write(json.dumps({"messages": messages}) + "\n")
+    return f"jsonl:{path}"
+
+
+@pytest.fixture(scope="session")
+def corpus(tmp_path_factory) -> str:
+    return write_corpus(tmp_path_factory.mktemp("corpus") / "chats.jsonl")
+
+
+def extract_options(store, corpus, **overrides) -> dict:
+    options = dict(model=TINY, corpus=corpus, tokens=1500, store=str(store), device="cpu", **SMALL_LAYOUT)
+    options.update(overrides)
+    return options
+
+
+@pytest.fixture(scope="session")
+def extracted(tmp_path_factory, corpus, prefect_api):
+    """A finished tiny extraction with multi-document, padded batches (batch_tokens=256)."""
+    from flows.extract import extract
+
+    store = tmp_path_factory.mktemp("extracted") / "store.zarr"
+    summary = extract(**extract_options(store, corpus, batch_tokens=256))
+    return str(store), summary
