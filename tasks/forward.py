@@ -47,6 +47,23 @@ def batches(documents: list[tuple[int, int]], batch_tokens: int) -> list[list[tu
     return groups + ([current] if current else [])
 
 
+def next_token_labels(logits: torch.Tensor, topk: int, rows: int = 64):
+    """(entropy in nats, top-k log-probs, top-k ids) per position, in float32.
+
+    Done a few rows at a time: full-vocabulary temporaries for a whole batch cost more in memory
+    traffic than the arithmetic itself.
+    """
+    entropy, values, indices = [], [], []
+    for part in logits.float().split(rows):
+        log_normalizer = torch.logsumexp(part, dim=-1, keepdim=True)
+        probs = torch.exp(part - log_normalizer)
+        entropy.append(log_normalizer[:, 0] - (probs * part).sum(-1))
+        top_values, top_indices = part.topk(topk, dim=-1)
+        values.append(top_values - log_normalizer)
+        indices.append(top_indices)
+    return torch.cat(entropy), torch.cat(values), torch.cat(indices)
+
+
 @torch.inference_mode()
 def forward_shard(model, device: torch.device, token_id: np.ndarray, documents, batch_tokens: int, topk: int) -> ShardOutputs:
     """Run the model over a shard's documents (offsets into `token_id`) and gather its outputs."""
@@ -64,16 +81,14 @@ def forward_shard(model, device: torch.device, token_id: np.ndarray, documents, 
             input_ids[row, : stop - start] = torch.from_numpy(token_id[start:stop].astype(np.int64))
             attention[row, : stop - start] = 1
         out = model(input_ids=input_ids.to(device), attention_mask=attention.to(device), output_hidden_states=True)
-        logprobs = torch.log_softmax(out.logits.float(), dim=-1)
-        batch_entropy = -(logprobs.exp() * logprobs).sum(-1)
-        values, indices = logprobs.topk(topk, dim=-1)
         for row, (start, stop) in enumerate(group):
             n = stop - start
             for layer, states in enumerate(out.hidden_states):
                 hidden[layer, start:stop] = states[row, :n].float().cpu()
-            entropy[start:stop] = batch_entropy[row, :n].cpu().numpy()
-            topk_ids[start:stop] = indices[row, :n].cpu().numpy()
-            topk_logprobs[start:stop] = values[row, :n].cpu().numpy()
+            row_entropy, values, indices = next_token_labels(out.logits[row, :n], topk)
+            entropy[start:stop] = row_entropy.cpu().numpy()
+            topk_ids[start:stop] = indices.cpu().numpy()
+            topk_logprobs[start:stop] = values.cpu().numpy()
     if not torch.isfinite(hidden).all():
         bad = int(torch.nonzero(~torch.isfinite(hidden))[0, 0])
         raise LayerwaveError(f"the model produced NaN/inf hidden states (first at layer {bad}); "

