@@ -3,14 +3,17 @@ one finished extraction that several tests read."""
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
+import shutil
 import tempfile
 
 import pytest
 
 # Isolate Prefect and the model cache before prefect is imported anywhere.
 _SESSION_DIR = tempfile.mkdtemp(prefix="layerwave-tests-")
+atexit.register(shutil.rmtree, _SESSION_DIR, ignore_errors=True)
 os.environ["PREFECT_HOME"] = os.path.join(_SESSION_DIR, "prefect")
 os.environ["PREFECT_SERVER_ANALYTICS_ENABLED"] = "false"
 os.environ["DO_NOT_TRACK"] = "1"
