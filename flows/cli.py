@@ -40,7 +40,70 @@ def _run_extract(args) -> dict:
     _configure_logging()
     from flows.extract import extract
 
-    return extract(**options, workers=args.workers)
+    summary = extract(**options, workers=args.workers)
+    print(json.dumps(summary, indent=2))
+    return summary
+
+
+def _analyze_parser(sub) -> None:
+    p = sub.add_parser("analyze", help="entropy and CKA of every stored layer (one out-of-core Dask pass)")
+    p.add_argument("--model", default="smollm2-135m")
+    p.add_argument("--store", default="layerwave.zarr")
+    p.add_argument("--entropy-threshold", type=float, default=0.0,
+                   help="keep tokens whose predictive entropy is >= NATS (0 keeps all)")
+    p.add_argument("--entropy-quantile", type=float, help="keep tokens at or above this entropy quantile")
+    p.add_argument("--drop-first-token", action="store_true", help="drop each document's first token")
+    p.add_argument("--alpha", type=float, action="append", help="extra Rényi orders (1 and 2 always)")
+    p.add_argument("--set", action="append", default=[], help="layer set to score, e.g. 2,15,27 (repeatable)")
+    p.add_argument("--memory-gb", type=float, default=4.0, help="memory the statistics pass may use")
+    p.add_argument("--partitions", type=int, default=2, help="Dask tasks per layer tile (parallelism)")
+    p.add_argument("--sketch-dim", type=int, help="project each layer to this many features (default: exact "
+                   "unless the covariance blocks would exceed 4 GiB)")
+    p.add_argument("--dask-address", help="run on an existing Dask cluster, e.g. tcp://127.0.0.1:8786")
+    p.add_argument("--json", help="write layers, tokens_kept, entropy_h1/h2, cka, cka_debiased to this file")
+
+
+def _run_analyze(args) -> dict:
+    from flows.analyze import token_masks
+    from store.access import check_schema
+    from tasks.analysis import check_layers
+    from tasks.registry import resolve
+    from tasks.token_filter import filters_for
+
+    key = resolve(args.model).key
+    check_schema(args.store)
+    masks, source = token_masks(args.store, key, filters_for(args.entropy_threshold, args.entropy_quantile,
+                                                              args.drop_first_token))
+    sets = [check_layers(_layer_list(text), source["n_layers"]) for text in args.set]
+    _configure_logging()
+    from flows.analyze import analyze
+
+    result = analyze(model=args.model, store=args.store, entropy_threshold=args.entropy_threshold,
+                     entropy_quantile=args.entropy_quantile, drop_first_token=args.drop_first_token,
+                     alphas=args.alpha, sets=sets, memory_gb=args.memory_gb, partitions=args.partitions,
+                     sketch_dim=args.sketch_dim, dask_address=args.dask_address)
+    _print_analysis(result)
+    return result
+
+
+def _layer_list(text: str) -> list[int]:
+    try:
+        return [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise LayerwaveError(f"--set {text!r} is not a comma-separated list of layer indices, e.g. 2,15,27") from None
+
+
+def _print_analysis(result: dict) -> None:
+    print(f"{result['model']} · filter {result['filter']} · {result['tokens_kept']} tokens")
+    print(f"{'layer':>5} {'H1':>7} {'H2':>7} {'H1/ln':>6} {'eff.rank':>8} {'CKA next':>8} {'dCKA next':>9}")
+    cka, dcka = result["cka"], result["cka_debiased"]
+    for i, layer in enumerate(result["layers"]):
+        following = (f"{cka[i][i + 1]:8.3f} {dcka[i][i + 1]:9.3f}" if i + 1 < len(result["layers"]) else "")
+        print(f"{layer:5d} {result['entropy_h1'][i]:7.3f} {result['entropy_h2'][i]:7.3f} "
+              f"{result['normalized_entropy'][i]:6.3f} {result['effective_rank'][i]:8.1f} {following}")
+    for scored in result["sets"]:
+        print(f"set {scored['layers']}: H1 {scored['h1']:.3f}, H2 (closed form) {scored['h2_closed_form']:.3f}")
+    print("plots: " + ", ".join(result["plots"]))
 
 
 def _run_models(args) -> dict:
@@ -74,20 +137,30 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="layerwave", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     _extract_parser(sub)
+    _analyze_parser(sub)
     sub.add_parser("models", help="list the built-in models")
     args = parser.parse_args(argv)
-    runners = {"extract": _run_extract, "models": _run_models}
+    runners = {"extract": _run_extract, "analyze": _run_analyze, "models": _run_models}
     try:
         summary = runners[args.command](args)
     except LayerwaveError as err:
         print(f"layerwave: error: {err}", file=sys.stderr)
         return 2
-    if summary:
-        print(json.dumps(summary, indent=2))
-        if getattr(args, "json", None):
-            with open(args.json, "w") as handle:
-                json.dump(summary, handle, indent=2)
+    if getattr(args, "json", None):
+        with open(args.json, "w") as handle:
+            json.dump(_json_safe(summary), handle, indent=2)
     return 0
+
+
+def _json_safe(value):
+    """NaN (e.g. an undefined debiased CKA) becomes null, so the file is strict JSON."""
+    if isinstance(value, float) and value != value:
+        return None
+    if isinstance(value, dict):
+        return {k: _json_safe(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_json_safe(v) for v in value]
+    return value
 
 
 if __name__ == "__main__":

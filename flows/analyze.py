@@ -1,0 +1,133 @@
+"""The analysis flow: one Dask pass of sufficient statistics → measures → plots.
+
+Statistics already made from the same activations are reused, so re-running with another α or
+layer set reads only the small stored statistics.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import numpy as np
+from prefect import flow, get_run_logger, task
+from prefect.cache_policies import NO_CACHE
+
+from store.access import consolidate
+from store.read import open_activations
+from store.stats_store import open_stats, stats_path
+from tasks.analysis import ANALYSIS, layer_measures, set_entropy, set_h2_closed_form
+from tasks.plots import plot_cka, plot_entropy_vs_depth, reports_dir
+from tasks.stats_pass import PassConfig, accumulate_statistics, is_current
+from tasks.token_filter import TokenFilter, check_enough, filters_for
+
+
+def token_masks(store: str, model_key: str, filters: list[TokenFilter]) -> tuple[dict[str, np.ndarray], dict]:
+    """Each filter's mask over the stored tokens, refusing filters that keep too few."""
+    ds = open_activations(store, model_key)
+    entropy, position = ds.entropy.values, ds.position.values
+    masks = {f.key: f.mask(entropy, position) for f in filters}
+    check_enough(masks, len(entropy))
+    layout = ds.attrs["layout"]
+    return masks, {"plan_hash": ds.attrs["plan_hash"], "n_layers": layout["n_layers"], "d": layout["hidden_size"]}
+
+
+@task(name="accumulate-statistics", cache_policy=NO_CACHE)
+def accumulate_task(store: str, model_key: str, filters: list[TokenFilter], config: PassConfig) -> dict:
+    logger = get_run_logger()
+    masks, source = token_masks(store, model_key, filters)
+    shape = (source["n_layers"], source["d"])
+    stale = {key: mask for key, mask in masks.items()
+             if not is_current(open_stats(store, model_key, key), {"plan_hash": source["plan_hash"]}, *shape, config)}
+    if not stale:
+        logger.info("statistics for %s are current; no pass over activations needed", ", ".join(masks))
+        return {"computed": [], "tokens_kept": {k: int(m.sum()) for k, m in masks.items()}}
+    client = _dask_client(config.dask_address)
+    scheduler = {} if client else {"scheduler": "threads", "num_workers": config.partitions}
+    with client or contextlib.nullcontext():
+        summary = accumulate_statistics(
+            store, model_key, stale, config, {"plan_hash": source["plan_hash"]}, scheduler,
+            progress=lambda done, total: logger.info("statistics tile %d/%d done", done, total))
+    consolidate(store)
+    logger.info("statistics of %s: %s tiles over %d layer groups, %d features per layer%s", model_key,
+                summary["tiles"], summary["layer_groups"], summary["features"], " (sketched)" * summary["sketched"])
+    return {"computed": list(stale), "tokens_kept": {k: int(m.sum()) for k, m in masks.items()}, **summary}
+
+
+def _dask_client(address: str | None):
+    if not address:
+        return None
+    from distributed import Client
+
+    return Client(address)
+
+
+@task(name="compute-measures", cache_policy=NO_CACHE)
+def measures_task(store: str, model_key: str, filter_keys: list[str], alphas: list[float]) -> list[str]:
+    """Write `<model>/analysis/<filter>` Datasets; returns their group paths."""
+    paths = []
+    for key in filter_keys:
+        path = f"{model_key}/{ANALYSIS}/{key}"
+        layer_measures(store, model_key, key, alphas).to_zarr(store, group=path, mode="w", consolidated=False)
+        paths.append(path)
+    consolidate(store)
+    return paths
+
+
+@task(name="plot-analysis", cache_policy=NO_CACHE)
+def plots_task(store: str, model_key: str, filter_keys: list[str], asked: str) -> list[str]:
+    import xarray as xr
+
+    measures = {key: xr.open_zarr(store, group=f"{model_key}/{ANALYSIS}/{key}", consolidated=False).load()
+                for key in filter_keys}
+    folder = reports_dir(store, model_key)
+    return [str(plot_entropy_vs_depth(measures, folder / "entropy_vs_depth.png", f"{model_key}: entropy vs depth")),
+            str(plot_cka(measures[asked], folder / f"cka_{asked}.png", f"{model_key}: layer similarity"))]
+
+
+@flow(name="layerwave-analyze")
+def analyze(
+    model: str = "smollm2-135m",
+    store: str = "layerwave.zarr",
+    entropy_threshold: float = 0.0,
+    entropy_quantile: float | None = None,
+    drop_first_token: bool = False,
+    alphas: list[float] | None = None,
+    sets: list[list[int]] | None = None,
+    memory_gb: float = 4.0,
+    partitions: int = 2,
+    sketch_dim: int | None = None,
+    dask_address: str | None = None,
+) -> dict:
+    """Entropy and CKA of every layer of `model`'s stored activations, for all and for filtered tokens."""
+    from tasks.registry import resolve
+
+    key = resolve(model).key
+    filters = filters_for(entropy_threshold, entropy_quantile, drop_first_token)
+    token_masks(store, key, filters)  # bad input fails before any work
+    config = PassConfig(int(memory_gb * (1 << 30)), partitions, sketch_dim, dask_address)
+    stats = accumulate_task(store, key, filters, config)
+    filter_keys = [f.key for f in filters]
+    asked = filter_keys[-1]
+    measures_task(store, key, filter_keys, alphas or [1.0, 2.0])
+    plots = plots_task(store, key, filter_keys, asked)
+    return report(store, key, asked, stats["tokens_kept"], sets, plots)
+
+
+def report(store: str, model_key: str, asked: str, tokens_kept: dict, sets, plots: list[str]) -> dict:
+    """The JSON-ready summary for the filter asked: per-layer entropies, CKA, and layer-set scores."""
+    import xarray as xr
+
+    ds = xr.open_zarr(store, group=f"{model_key}/{ANALYSIS}/{asked}", consolidated=False).load()
+    n = ds.sizes["layer"] - 1
+    default = [2, n // 2, n - 3]
+    candidate_sets = [default] + [list(s) for s in (sets or []) if list(s) != default]
+    scored = [{"layers": s, "h1": set_entropy(store, model_key, asked, s, 1.0),
+               "h2_closed_form": set_h2_closed_form(ds, s)} for s in candidate_sets]
+    return {
+        "model": model_key, "filter": asked, "layers": ds.layer.values.tolist(), "tokens_kept": int(ds.attrs["tokens_kept"]),
+        "tokens_kept_per_filter": tokens_kept, "entropy_h1": ds.entropy_h1.values.tolist(),
+        "entropy_h2": ds.entropy_h2.values.tolist(), "normalized_entropy": ds.normalized_entropy.values.tolist(),
+        "effective_rank": ds.effective_rank.values.tolist(), "cka": ds.cka.values.tolist(),
+        "cka_debiased": ds.cka_debiased.values.tolist(), "sets": scored, "plots": plots,
+        "statistics_group": stats_path(model_key, asked),
+    }

@@ -1,0 +1,81 @@
+"""Measures from stored statistics, as xarray Datasets: per-layer entropy, CKA, set entropy.
+
+No pass over activations happens here: everything reads `<model>/stats/<filter>`.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import xarray as xr
+
+from store.errors import LayerwaveError
+from store.stats_store import BlockReader, require_stats
+from tasks.measures import (aggregate_covariance, debiased_cka, h2_from_frobenius, h2_subset_closed_form, linear_cka,
+                            renyi_entropy, spectrum)
+
+ANALYSIS = "analysis"
+
+
+def layer_measures(store: str, model_key: str, filter_key: str, alphas=(1.0, 2.0)) -> xr.Dataset:
+    """Per-layer Rényi entropies, normalised entropy, effective rank, and both CKA matrices."""
+    group = require_stats(store, model_key, filter_key)
+    n, features = int(group.attrs["tokens_kept"]), int(group.attrs["features"])
+    trace, frobenius2 = group["trace"][:], group["frobenius2"][:]
+    blocks = BlockReader(group)
+    n_layers = len(trace)
+    alphas = sorted(set(float(a) for a in alphas) | {1.0, 2.0})
+    renyi = np.empty((n_layers, len(alphas)))
+    for layer in range(n_layers):
+        eigenvalues = spectrum(blocks(layer, layer), n)
+        renyi[layer] = [renyi_entropy(eigenvalues, alpha) for alpha in alphas]
+    h1 = renyi[:, alphas.index(1.0)]
+    h2_exact = np.array([h2_from_frobenius(frobenius2[l, l], trace[l]) for l in range(n_layers)])
+    layers = np.arange(n_layers)
+    return xr.Dataset(
+        {
+            "entropy": (("layer", "alpha"), renyi, {"units": "nats", "description": "Rényi matrix entropy H_α"}),
+            "entropy_h1": ("layer", h1, {"units": "nats"}),
+            "entropy_h2": ("layer", h2_exact, {"units": "nats", "description": "−ln(‖C‖_F²/tr(C)²)"}),
+            "normalized_entropy": ("layer", h1 / np.log(min(n, features)), {"description": "H_1 / ln min(N, d)"}),
+            "effective_rank": ("layer", np.exp(h1), {"description": "exp(H_1)"}),
+            "cka": (("layer", "layer2"), linear_cka(frobenius2)),
+            "cka_debiased": (("layer", "layer2"), debiased_cka(group["hsic"][:])),
+        },
+        coords={"layer": layers, "layer2": layers, "alpha": alphas},
+        attrs={"tokens_kept": n, "tokens_total": int(group.attrs["tokens_total"]), "filter": filter_key,
+               "features": features, "sketch_dim": group.attrs.get("sketch_dim")},
+    )
+
+
+def set_entropy(store: str, model_key: str, filter_key: str, layers, alpha: float = 1.0,
+                normalization: str = "trace") -> float:
+    """Entropy of the concatenation of `layers` (each scaled to unit trace by default, as a learned
+    fc layer can rescale them; `normalization="raw"` keeps their own scale)."""
+    group = require_stats(store, model_key, filter_key)
+    trace = group["trace"][:]
+    layers = check_layers(layers, len(trace))
+    if normalization == "trace":
+        weights = 1 / np.sqrt(trace[layers])
+    elif normalization == "raw":
+        weights = np.ones(len(layers))
+    else:
+        raise LayerwaveError(f"unknown normalization {normalization!r}; use trace or raw")
+    covariance = aggregate_covariance(BlockReader(group), layers, weights)
+    return renyi_entropy(spectrum(covariance, int(group.attrs["tokens_kept"])), alpha)
+
+
+def set_h2_closed_form(measures: xr.Dataset, layers) -> float:
+    layers = check_layers(layers, measures.sizes["layer"])
+    return h2_subset_closed_form(measures.cka.values, measures.entropy_h2.values, layers)
+
+
+def check_layers(layers, n_layers: int) -> list[int]:
+    layers = [int(layer) for layer in layers]
+    if not layers:
+        raise LayerwaveError("an empty layer set has no entropy; give at least one layer")
+    outside = [layer for layer in layers if not 0 <= layer < n_layers]
+    if outside:
+        raise LayerwaveError(f"layers {outside} are not in the store (it has layers 0..{n_layers - 1})")
+    if len(set(layers)) != len(layers):
+        raise LayerwaveError(f"layer set {layers} repeats a layer")
+    return layers
