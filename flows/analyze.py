@@ -16,6 +16,8 @@ from store.access import consolidate
 from store.read import open_activations
 from store.stats_store import open_stats, stats_path
 from tasks.analysis import ANALYSIS, layer_measures, set_entropy, set_h2_closed_form
+from tasks.baselines import eagle3_default
+from tasks.registry import store_key
 from tasks.plots import plot_cka, plot_entropy_vs_depth, reports_dir
 from tasks.stats_pass import PassConfig, accumulate_statistics, is_current
 from tasks.token_filter import TokenFilter, check_enough, filters_for
@@ -99,9 +101,7 @@ def analyze(
     dask_address: str | None = None,
 ) -> dict:
     """Entropy and CKA of every layer of `model`'s stored activations, for all and for filtered tokens."""
-    from tasks.registry import resolve
-
-    key = resolve(model).key
+    key = store_key(model)
     filters = filters_for(entropy_threshold, entropy_quantile, drop_first_token)
     token_masks(store, key, filters)  # bad input fails before any work
     config = PassConfig(int(memory_gb * (1 << 30)), partitions, sketch_dim, dask_address)
@@ -118,9 +118,8 @@ def report(store: str, model_key: str, asked: str, tokens_kept: dict, sets, plot
     import xarray as xr
 
     ds = xr.open_zarr(store, group=f"{model_key}/{ANALYSIS}/{asked}", consolidated=False).load()
-    n = ds.sizes["layer"] - 1
-    default = [2, n // 2, n - 3]
-    candidate_sets = [default] + [list(s) for s in (sets or []) if list(s) != default]
+    default = eagle3_default(ds.sizes["layer"] - 1)
+    candidate_sets = ([default] if default else []) + [list(s) for s in (sets or []) if list(s) != default]
     scored = [{"layers": s, "h1": set_entropy(store, model_key, asked, s, 1.0),
                "h2_closed_form": set_h2_closed_form(ds, s)} for s in candidate_sets]
     return {

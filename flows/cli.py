@@ -67,10 +67,10 @@ def _run_analyze(args) -> dict:
     from flows.analyze import token_masks
     from store.access import check_schema
     from tasks.analysis import check_layers
-    from tasks.registry import resolve
+    from tasks.registry import store_key
     from tasks.token_filter import filters_for
 
-    key = resolve(args.model).key
+    key = store_key(args.model)
     check_schema(args.store)
     masks, source = token_masks(args.store, key, filters_for(args.entropy_threshold, args.entropy_quantile,
                                                               args.drop_first_token))

@@ -50,3 +50,13 @@ def hf_key(path: str) -> str:
     """A store group name for a user checkpoint: `hf-` + its last path part, made path-safe."""
     name = Path(path.rstrip("/")).name or "model"
     return "hf-" + re.sub(r"[^A-Za-z0-9._-]+", "-", name)
+
+
+def store_key(model: str) -> str:
+    """The store group of a model for stages that only read the store: a registry id, `hf:PATH`,
+    or the name of any group already in the store (e.g. a synthetic one)."""
+    if model.startswith("hf:") or model in registry():
+        return resolve(model).key
+    if not re.fullmatch(r"[A-Za-z0-9._-]+", model):
+        raise LayerwaveError(f"--model {model!r} is neither a known model nor a store group name")
+    return model

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from tasks.baselines import eagle3_default
 from tasks.load_model import load, random_model
 from tasks.registry import hf_key, resolve
 
@@ -26,9 +27,9 @@ def test_tiny_random_llama_is_seeded_and_shaped_for_eagle3_defaults():
     second, _ = random_model(spec)
     for (name, a), (_, b) in zip(first.state_dict().items(), second.state_dict().items()):
         assert torch.equal(a, b), name
-    n = first.config.num_hidden_layers
-    assert (n, first.config.hidden_size) == (8, 64)
-    assert len({2, n // 2, n - 3}) == 3
+    assert (first.config.num_hidden_layers, first.config.hidden_size) == (8, 64)
+    assert eagle3_default(first.config.num_hidden_layers) == [2, 4, 5]
+    assert eagle3_default(30) == [2, 15, 27] and eagle3_default(4) is None
 
 
 def test_hf_model_keys_are_path_safe():
