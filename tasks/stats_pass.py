@@ -61,9 +61,17 @@ def projection(d: int, k: int) -> np.ndarray | None:
 
 
 def read_layers(array: zarr.Array, layers: list[int], start: int, stop: int, storage_dtype: str) -> np.ndarray:
-    """float32 (layers, tokens, d) for one token range, decoding bfloat16 bits."""
-    block = array.get_orthogonal_selection((np.asarray(layers), slice(start, stop), slice(None)))
-    return decode(block, storage_dtype)
+    """float32 (layers, tokens, d) for one token range, decoding bfloat16 bits.
+
+    Reads each run of consecutive layers with a plain slice: zarr 3.1's orthogonal (index-array)
+    selection peaked at ~40x the bytes it returned on a 33-layer shard.
+    """
+    runs, first = [], 0
+    for i in range(1, len(layers) + 1):
+        if i == len(layers) or layers[i] != layers[i - 1] + 1:
+            runs.append(array[layers[first]: layers[i - 1] + 1, start:stop, :])
+            first = i
+    return decode(np.concatenate(runs) if len(runs) > 1 else runs[0], storage_dtype)
 
 
 def partial_moments(store: str, group_path: str, ranges: list[tuple[int, int]], rows: list[int], cols: list[int],
