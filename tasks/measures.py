@@ -91,3 +91,14 @@ def h2_subset_closed_form(cka: np.ndarray, h2: np.ndarray, layers) -> float:
     index = np.asarray(layers)
     root_pi = np.exp(-h2[index] / 2)
     return float(2 * np.log(len(index)) - np.log(root_pi @ cka[np.ix_(index, index)] @ root_pi))
+
+
+def h2_all_subsets(cka: np.ndarray, h2: np.ndarray, layers, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """(subsets (S, k), H_2 (S,)) of every k-subset of `layers` via the closed form, vectorised."""
+    from itertools import combinations
+
+    subsets = np.array(list(combinations(layers, k)), dtype=np.int64).reshape(-1, k)
+    root_pi = np.exp(-h2 / 2)
+    weighted = cka * np.outer(root_pi, root_pi)
+    total = weighted[subsets[:, :, None], subsets[:, None, :]].sum(axis=(1, 2))
+    return subsets, 2 * np.log(k) - np.log(total)

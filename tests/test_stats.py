@@ -13,7 +13,7 @@ from flows.cli import main
 from store.errors import LayerwaveError
 from store.synthetic import write_synthetic
 from tasks.analysis import layer_measures, set_entropy, set_h2_closed_form
-from tasks.measures import debiased_cka, linear_cka, renyi_entropy, spectrum, tile_pairs
+from tasks.measures import debiased_cka, h2_all_subsets, linear_cka, renyi_entropy, spectrum, tile_pairs
 from tasks.moments import TileMoments, accumulate
 from tasks.stats_pass import PassConfig, accumulate_statistics
 
@@ -148,6 +148,10 @@ def test_set_entropy_duplicates_and_closed_form(tmp_path):
     alone = set_entropy(store, "dup", "all", [1])
     assert set_entropy(store, "dup", "all", [1, 5]) == pytest.approx(alone, rel=1e-6)
     assert set_entropy(store, "dup", "all", [1, 2]) > alone + 0.5  # an independent layer adds information
+    subsets, scores = h2_all_subsets(ds.cka.values, ds.entropy_h2.values, range(6), 3)
+    assert len(subsets) == 20
+    for subset, score in zip(subsets, scores):
+        assert score == pytest.approx(set_h2_closed_form(ds, subset), rel=1e-12)
     for subset in ([0, 1], [0, 2, 4], [1, 3, 5], [0, 1, 2, 3]):
         assert set_h2_closed_form(ds, subset) == pytest.approx(set_entropy(store, "dup", "all", subset, alpha=2),
                                                                rel=1e-6)
