@@ -106,6 +106,53 @@ def _print_analysis(result: dict) -> None:
     print("plots: " + ", ".join(result["plots"]))
 
 
+def _select_parser(sub) -> None:
+    p = sub.add_parser("select", help="propose candidate layer sets (entropy/CKA methods and baselines)")
+    p.add_argument("--model", default="smollm2-135m")
+    p.add_argument("--store", default="layerwave.zarr")
+    p.add_argument("--k", type=int, default=3, help="layers per set")
+    p.add_argument("--methods", help="comma-separated subset of entropy-topk,aggregate-entropy,cka-mrmr,cka-logdet")
+    p.add_argument("--layers", default=None, help="allowed HF indices LOW:HIGH (default 1:N-1, no embedding, no last)")
+    p.add_argument("--min-gap", type=int, default=1)
+    p.add_argument("--filter", default="all", help="token filter whose analysis scores the sets (default all)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the random control sets")
+    p.add_argument("--random", type=int, default=3, help="number of random control sets")
+    p.add_argument("--limit", type=int, help="print only the first n candidates")
+    p.add_argument("--json", help="write {\"candidates\": [...]} to this file")
+
+
+def _run_select(args) -> dict:
+    from flows.selection import check_request
+    from tasks.registry import store_key
+    from tasks.selection import METHODS, Constraints
+
+    key = store_key(args.model)
+    methods = [m.strip() for m in args.methods.split(",")] if args.methods else list(METHODS)
+    low, high = _layer_range(args.layers)
+    check_request(args.store, key, args.filter, Constraints(args.k, low, high, args.min_gap), methods)
+    _configure_logging()
+    from flows.selection import select
+
+    candidates = select(model=args.model, store=args.store, k=args.k, methods=methods, low=low, high=high,
+                        min_gap=args.min_gap, filter_key=args.filter, seed=args.seed, n_random=args.random)
+    shown = candidates[: args.limit] if args.limit else candidates
+    print(f"{'layers':<18} {'H1(set)':>8} {'H2(set)':>8} {'mean H1':>8} {'mean CKA':>8}  methods")
+    for c in shown:
+        print(f"{str(c['layers']):<18} {c['aggregate_h1']:8.3f} {c['aggregate_h2']:8.3f} {c['mean_entropy']:8.3f} "
+              f"{c['mean_pairwise_cka']:8.3f}  {', '.join(c['methods'])}")
+    return {"candidates": shown}
+
+
+def _layer_range(text: str | None) -> tuple[int, int | None]:
+    if text is None:
+        return 1, None
+    try:
+        low, high = (int(part) for part in text.split(":"))
+    except ValueError:
+        raise LayerwaveError(f"--layers {text!r} should be LOW:HIGH, e.g. 1:29") from None
+    return low, high
+
+
 def _run_models(args) -> dict:
     from tasks.registry import registry
 
@@ -138,9 +185,10 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     _extract_parser(sub)
     _analyze_parser(sub)
+    _select_parser(sub)
     sub.add_parser("models", help="list the built-in models")
     args = parser.parse_args(argv)
-    runners = {"extract": _run_extract, "analyze": _run_analyze, "models": _run_models}
+    runners = {"extract": _run_extract, "analyze": _run_analyze, "select": _run_select, "models": _run_models}
     try:
         summary = runners[args.command](args)
     except LayerwaveError as err:

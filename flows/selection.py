@@ -1,0 +1,88 @@
+"""The selection flow: read the analysis, propose candidate layer sets, store them with scores."""
+
+from __future__ import annotations
+
+import numpy as np
+import xarray as xr
+import zarr
+from prefect import flow, get_run_logger, task
+from prefect.cache_policies import NO_CACHE
+
+from store.access import check_schema, consolidate
+from store.errors import LayerwaveError
+from tasks.analysis import ANALYSIS, set_entropy
+from tasks.registry import store_key
+from tasks.selection import METHODS, Constraints, LayerScores, check_methods, propose
+
+SELECTION = "selection"
+
+
+def analysis_filters(store: str, model_key: str) -> list[str]:
+    """Filters with a finished analysis, `all`-like references first; says which command to run if none."""
+    check_schema(store)
+    try:
+        group = zarr.open_group(store, path=f"{model_key}/{ANALYSIS}", mode="r", use_consolidated=False)
+        keys = sorted(name for name, _ in group.groups())
+    except (FileNotFoundError, zarr.errors.GroupNotFoundError):
+        keys = []
+    if not keys:
+        raise LayerwaveError(f"no analysis for {model_key} in {store}; run "
+                             f"`layerwave analyze --model {model_key} --store {store}` first")
+    return sorted(keys, key=lambda key: (not key.startswith("all"), key))
+
+
+def load_scores(store: str, model_key: str, keys: list[str]) -> dict[str, LayerScores]:
+    return {key: LayerScores.from_dataset(xr.open_zarr(store, group=f"{model_key}/{ANALYSIS}/{key}",
+                                                       consolidated=False)) for key in keys}
+
+
+def check_request(store: str, model_key: str, reference: str, constraints: Constraints, methods: list[str]) -> None:
+    """Everything about a selection request that can be wrong, before any flow starts."""
+    keys = analysis_filters(store, model_key)
+    if reference not in keys:
+        raise LayerwaveError(f"no analysis with token filter {reference} for {model_key}; have {', '.join(keys)}")
+    check_methods(methods)
+    n_layers = xr.open_zarr(store, group=f"{model_key}/{ANALYSIS}/{reference}", consolidated=False).sizes["layer"]
+    constraints.allowed(n_layers)
+
+
+@task(name="propose-layer-sets", cache_policy=NO_CACHE)
+def propose_task(store: str, model_key: str, reference: str, constraints: Constraints, methods: list[str],
+                 seed: int, n_random: int) -> str:
+    """Write `<model>/selection/<reference>`; returns its group path."""
+    check_request(store, model_key, reference, constraints, methods)
+    candidates = propose(load_scores(store, model_key, analysis_filters(store, model_key)), reference, constraints, methods,
+                         lambda key, layers: set_entropy(store, model_key, key, layers, 1.0), seed, n_random)
+    score_names = list(candidates[0].scores)
+    ds = xr.Dataset(
+        {"layers": (("candidate", "slot"), np.array([c.layers for c in candidates], dtype=np.int32)),
+         "methods": ("candidate", np.array([",".join(c.methods) for c in candidates], dtype=object)),
+         **{name: ("candidate", np.array([c.scores[name] for c in candidates])) for name in score_names}},
+        coords={"candidate": np.arange(len(candidates))},
+        attrs={"k": constraints.k, "low": constraints.low, "high": constraints.high if constraints.high is not None
+               else -1, "min_gap": constraints.min_gap, "scored_on_filter": reference, "seed": seed,
+               "layer_convention": "HF hidden_states index (see activations attrs)"},
+    )
+    path = f"{model_key}/{SELECTION}/{reference}"
+    ds.to_zarr(store, group=path, mode="w", consolidated=False)
+    consolidate(store)
+    return path
+
+
+@flow(name="layerwave-select")
+def select(model: str = "smollm2-135m", store: str = "layerwave.zarr", k: int = 3, methods: list[str] | None = None,
+           low: int = 1, high: int | None = None, min_gap: int = 1, filter_key: str = "all", seed: int = 0,
+           n_random: int = 3) -> list[dict]:
+    """Candidate layer sets for draft heads, best aggregate entropy first, baselines included."""
+    key = store_key(model)
+    path = propose_task(store, key, filter_key, Constraints(k, low, high, min_gap), list(methods or METHODS),
+                        seed, n_random)
+    ds = xr.open_zarr(store, group=path, consolidated=False).load()
+    get_run_logger().info("%d candidate sets for %s stored in %s", ds.sizes["candidate"], key, path)
+    return candidates_from(ds)
+
+
+def candidates_from(ds: xr.Dataset) -> list[dict]:
+    scores = [name for name in ds.data_vars if name not in ("layers", "methods")]
+    return [{"methods": str(ds.methods.values[i]).split(","), "layers": ds.layers.values[i].tolist(),
+             **{name: float(ds[name].values[i]) for name in scores}} for i in range(ds.sizes["candidate"])]
