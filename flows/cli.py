@@ -90,7 +90,7 @@ def _layer_list(text: str) -> list[int]:
     try:
         return [int(part) for part in text.split(",") if part.strip()]
     except ValueError:
-        raise LayerwaveError(f"--set {text!r} is not a comma-separated list of layer indices, e.g. 2,15,27") from None
+        raise LayerwaveError(f"{text!r} is not a comma-separated list of layer indices, e.g. 2,15,27") from None
 
 
 def _print_analysis(result: dict) -> None:
@@ -153,6 +153,39 @@ def _layer_range(text: str | None) -> tuple[int, int | None]:
     return low, high
 
 
+def _train_parser(sub) -> None:
+    p = sub.add_parser("train", help="train an EAGLE-3 draft head for one layer set from the store")
+    p.add_argument("--model", default="smollm2-135m")
+    p.add_argument("--store", default="layerwave.zarr")
+    p.add_argument("--layers", help="HF hidden_states indices, e.g. 2,15,27 (default: the EAGLE-3 default)")
+    p.add_argument("--preset", default="quick", help="smoke (tiny model, seconds), quick (CPU), full (GPU)")
+    p.add_argument("--ttt-steps", type=int, help="training-time-test unroll (default: the preset's)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--format", default="vllm", help="export format: vllm (speculators Eagle3) or sglang")
+    p.add_argument("--out", help="output directory (default: <store>.heads/<model>/<layers>)")
+    p.add_argument("--json", help="write the training summary to this file")
+
+
+def _run_train(args) -> dict:
+    from flows.train import check_request
+    from store.read import open_activations
+    from tasks.registry import store_key
+
+    key = store_key(args.model)
+    n_layers = open_activations(args.store, key).sizes["layer"]
+    layers = _layer_list(args.layers) if args.layers is not None else [2, (n_layers - 1) // 2, n_layers - 4]
+    check_request(args.store, key, layers, args.preset, args.format)
+    _configure_logging()
+    from flows.train import train_head
+
+    summary = train_head(model=args.model, store=args.store, layers=layers, out=args.out, preset_name=args.preset,
+                         seed=args.seed, ttt_steps=args.ttt_steps, fmt=args.format)
+    print(f"head for layers {summary['layers']} → {summary['out']}: held-out accuracy per TTT step "
+          + " ".join(f"{a:.3f}" for a in summary["final"]["accuracy"])
+          + " (untrained " + " ".join(f"{a:.3f}" for a in summary["untrained"]["accuracy"]) + ")")
+    return summary
+
+
 def _run_models(args) -> dict:
     from tasks.registry import registry
 
@@ -186,9 +219,10 @@ def main(argv: list[str] | None = None) -> int:
     _extract_parser(sub)
     _analyze_parser(sub)
     _select_parser(sub)
+    _train_parser(sub)
     sub.add_parser("models", help="list the built-in models")
     args = parser.parse_args(argv)
-    runners = {"extract": _run_extract, "analyze": _run_analyze, "select": _run_select, "models": _run_models}
+    runners = {"extract": _run_extract, "analyze": _run_analyze, "select": _run_select, "train": _run_train, "models": _run_models}
     try:
         summary = runners[args.command](args)
     except LayerwaveError as err:

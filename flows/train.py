@@ -1,0 +1,65 @@
+"""The training flow: one draft head for one layer set, trained from the store and exported."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from prefect import flow, get_run_logger, task
+from prefect.artifacts import create_table_artifact
+from prefect.cache_policies import NO_CACHE
+
+from store.errors import LayerwaveError
+from store.read import open_activations
+from tasks.export_head import FORMATS, export
+from tasks.registry import store_key
+from tasks.train_head import check_layers, preset, train
+
+
+def check_request(store: str, model_key: str, layers: list[int], preset_name: str, fmt: str) -> None:
+    """Bad input fails here, before a flow or any training starts."""
+    ds = open_activations(store, model_key)
+    for name in ("target_topk_ids", "target_topk_logprobs", "loss_mask"):
+        if name not in ds:
+            raise LayerwaveError(f"store {store} has no {name} for {model_key} (labels draft training needs); "
+                                 "re-extract with this layerwave")
+    check_layers(layers, ds.sizes["layer"])
+    preset(preset_name)
+    if fmt not in FORMATS:
+        raise LayerwaveError(f"unknown --format {fmt!r}; use {' or '.join(FORMATS)}")
+
+
+@task(name="train-draft-head", cache_policy=NO_CACHE)
+def train_task(store: str, model_key: str, layers: list[int], out: str, preset_name: str, seed: int,
+               ttt_steps: int | None, fmt: str, verifier: str) -> dict:
+    logger = get_run_logger()
+    config = preset(preset_name, seed=seed, ttt_steps=ttt_steps)
+    head, record = train(store, model_key, layers, Path(out), config, log=logger.info)
+    logger.info("trainable parameters: %d", record["trainable_parameters"])
+    export(head, Path(out), fmt, verifier, speculative_tokens=config.ttt_steps)
+    (Path(out) / "training.json").write_text(json.dumps(record, indent=2) + "\n")
+    final = record["final"]
+    create_table_artifact(
+        key="draft-head-accuracy",
+        table=[{"ttt_step": i, "held_out_accuracy": round(a, 4), "held_out_loss": round(l, 4),
+                "untrained_accuracy": round(u, 4)}
+               for i, (a, l, u) in enumerate(zip(final["accuracy"], final["loss"], record["untrained"]["accuracy"]))],
+        description=f"EAGLE-3 head for {model_key} layers {layers} (HF indices)")
+    return record
+
+
+@flow(name="layerwave-train")
+def train_head(model: str = "smollm2-135m", store: str = "layerwave.zarr", layers: list[int] | None = None,
+               out: str | None = None, preset_name: str = "quick", seed: int = 0, ttt_steps: int | None = None,
+               fmt: str = "vllm") -> dict:
+    """Train an EAGLE-3 head reading `layers` (HF indices) from the store; export it to `out`."""
+    key = store_key(model)
+    ds = open_activations(store, key)
+    n = ds.sizes["layer"] - 1
+    layers = list(layers) if layers is not None else [2, n // 2, n - 3]
+    check_request(store, key, layers, preset_name, fmt)
+    out = out or str(Path(store).with_name(Path(store).stem + ".heads") / key / "-".join(map(str, layers)))
+    verifier = ds.attrs["model"].get("argument", key)
+    record = train_task(store, key, layers, out, preset_name, seed, ttt_steps, fmt, verifier)
+    return {"out": out, **{k: record[k] for k in ("layers", "steps", "trainable_parameters", "untrained", "final",
+                                                   "tokens_per_s")}}

@@ -1,0 +1,110 @@
+"""Draft-training batches streamed from the store, one shard at a time (memory bounded by a shard).
+
+A head for layers S reads `hidden_states[S]` and the target's labels; the target model never runs.
+Documents are split into windows of at most `seq_len` tokens; a seeded share of documents is held
+out for evaluation. The order of batches is a pure function of (seed, epoch), so a resumed run
+sees exactly the batches an uninterrupted one would.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import zarr
+
+from store import schema
+from store.dtypes import decode
+from store.layout import Layout
+
+
+@dataclass
+class Batch:
+    aux: torch.Tensor  # float32 (B, T, k·H): selected layers concatenated in the order asked
+    input_ids: torch.Tensor  # long (B, T)
+    positions: torch.Tensor  # long (B, T): position in the document
+    valid: torch.Tensor  # bool (B, T): inside the window (not padding)
+    loss_mask: torch.Tensor  # bool (B, T)
+    label_ids: torch.Tensor  # long (B, T, K): the target's top-K next-token ids at each token
+    label_logprobs: torch.Tensor  # float32 (B, T, K)
+
+    @property
+    def tokens(self) -> int:
+        return int(self.valid.sum())
+
+
+class StoreBatches:
+    def __init__(self, store: str, model_key: str, layers: list[int], *, seq_len: int, batch_size: int, seed: int,
+                 holdout: float = 0.05):
+        self.group = zarr.open_group(store, path=schema.activations_path(model_key), mode="r", use_consolidated=False)
+        self.layout = Layout(**self.group.attrs["layout"])
+        self.layers, self.seq_len, self.batch_size, self.seed = list(layers), seq_len, batch_size, seed
+        doc = self.group[schema.DOC][:]
+        self.n_docs = int(doc.max()) + 1 if len(doc) else 0
+        self.heldout_docs = np.random.default_rng([seed, 1]).random(self.n_docs) < holdout
+        self.storage_dtype = self.group[schema.HIDDEN_STATES].attrs.get("storage_dtype", "float32")
+
+    def windows(self, shard: int, heldout: bool) -> list[tuple[int, int]]:
+        """(start, stop) store token ranges of this shard's windows in the chosen split."""
+        start, stop = self.layout.shard_range(shard)
+        doc = self.group[schema.DOC][start:stop]
+        out = []
+        cuts = np.flatnonzero(np.diff(doc)) + 1
+        for a, b in zip(np.concatenate([[0], cuts]), np.concatenate([cuts, [len(doc)]])):
+            if self.heldout_docs[doc[a]] != heldout:
+                continue
+            for w in range(a, b, self.seq_len):
+                if min(w + self.seq_len, b) - w >= 2:
+                    out.append((start + int(w), start + int(min(w + self.seq_len, b))))
+        return out
+
+    def plan(self, epoch: int, heldout: bool = False) -> list[tuple[int, list[tuple[int, int]]]]:
+        """(shard, windows) per batch, in training order: shards and windows shuffled per epoch."""
+        rng = np.random.default_rng([self.seed, epoch])
+        order = range(self.layout.n_shards) if heldout else rng.permutation(self.layout.n_shards)
+        plan = []
+        for shard in order:
+            windows = self.windows(int(shard), heldout)
+            if not heldout:
+                windows = [windows[i] for i in rng.permutation(len(windows))]
+            plan += [(int(shard), windows[i: i + self.batch_size]) for i in range(0, len(windows), self.batch_size)]
+        return plan
+
+    def batches(self, plan, skip: int = 0):
+        """Materialise planned batches (after skipping `skip`), reading each shard once."""
+        cached_shard, arrays = None, None
+        for shard, windows in plan[skip:]:
+            if shard != cached_shard:
+                cached_shard, arrays = shard, self._read_shard(shard)
+            yield self._batch(arrays, self.layout.shard_range(shard)[0], windows)
+
+    def _read_shard(self, shard: int) -> dict:
+        start, stop = self.layout.shard_range(shard)
+        hidden = self.group[schema.HIDDEN_STATES]
+        # one read per layer, in the order asked (a head reads exactly the layers it was built for)
+        aux = np.concatenate([decode(hidden[layer, start:stop], self.storage_dtype) for layer in self.layers], axis=-1)
+        return {"aux": aux, "token_id": self.group[schema.TOKEN_ID][start:stop],
+                "position": self.group[schema.POSITION][start:stop],
+                "loss_mask": self.group[schema.LOSS_MASK][start:stop],
+                "label_ids": self.group[schema.TOPK_IDS][start:stop],
+                "label_logprobs": self.group[schema.TOPK_LOGPROBS][start:stop]}
+
+    def _batch(self, arrays: dict, offset: int, windows) -> Batch:
+        width = max(b - a for a, b in windows)
+        rows = len(windows)
+
+        def take(name, fill, dtype):
+            source = arrays[name]
+            out = np.full((rows, width) + source.shape[1:], fill, dtype=dtype)
+            for r, (a, b) in enumerate(windows):
+                out[r, : b - a] = source[a - offset: b - offset]
+            return torch.from_numpy(out)
+
+        valid = torch.zeros(rows, width, dtype=torch.bool)
+        for r, (a, b) in enumerate(windows):
+            valid[r, : b - a] = True
+        return Batch(aux=take("aux", 0.0, np.float32), input_ids=take("token_id", 0, np.int64),
+                     positions=take("position", 0, np.int64), valid=valid,
+                     loss_mask=take("loss_mask", False, bool), label_ids=take("label_ids", 0, np.int64),
+                     label_logprobs=take("label_logprobs", -np.inf, np.float32))

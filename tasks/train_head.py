@@ -1,0 +1,178 @@
+"""Train an EAGLE-3 draft head for one layer set from the store, with checkpoints that resume exactly."""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+import torch
+import zarr
+
+from store import schema
+from store.errors import LayerwaveError
+from tasks import load_model
+from tasks.draft_head import DraftConfig, DraftHead, draft_vocabulary, target_to_draft
+from tasks.train_data import StoreBatches
+from tasks.ttt import unroll
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    seq_len: int
+    batch_size: int
+    ttt_steps: int
+    lr: float
+    warmup_steps: int
+    epochs: int
+    eval_every: int
+    grad_clip: float = 0.5
+    weight_decay: float = 0.0
+    draft_vocab_size: int = 32000
+    holdout: float = 0.05
+    seed: int = 0
+
+
+PRESETS = {
+    "smoke": TrainConfig(seq_len=64, batch_size=8, ttt_steps=3, lr=5e-3, warmup_steps=10, epochs=8, eval_every=50,
+                         draft_vocab_size=4096),
+    "quick": TrainConfig(seq_len=512, batch_size=4, ttt_steps=3, lr=1e-3, warmup_steps=30, epochs=3, eval_every=100),
+    "full": TrainConfig(seq_len=2048, batch_size=16, ttt_steps=7, lr=1e-4, warmup_steps=500, epochs=10,
+                        eval_every=1000),
+}
+
+
+def check_layers(layers: list[int], n_layers: int) -> list[int]:
+    """Layer ids for a head: HF indices present in the store, at least one, no repeats."""
+    if not layers:
+        raise LayerwaveError("--layers is empty; give at least one HF hidden-state index, e.g. 2,15,27")
+    outside = [layer for layer in layers if not 0 <= layer < n_layers]
+    if outside:
+        raise LayerwaveError(f"layers {outside} are not in the store (it has HF indices 0..{n_layers - 1})")
+    if len(set(layers)) != len(layers):
+        raise LayerwaveError(f"--layers {','.join(map(str, layers))} repeats a layer")
+    return list(layers)
+
+
+def build_head(store: str, model_key: str, layers: list[int], config: TrainConfig) -> DraftHead:
+    """A fresh head: target embeddings copied in, draft vocabulary from loss-masked training tokens."""
+    group = zarr.open_group(store, path=schema.activations_path(model_key), mode="r", use_consolidated=False)
+    target = load_model.load(group.attrs["model"]["argument"], "cpu", group.attrs["extraction"]["dtype"])
+    vocab = target.model.config.vocab_size
+    data = StoreBatches(store, model_key, layers, seq_len=config.seq_len, batch_size=config.batch_size,
+                        seed=config.seed, holdout=config.holdout)
+    token_id, doc, mask = group[schema.TOKEN_ID][:], group[schema.DOC][:], group[schema.LOSS_MASK][:]
+    training = mask & ~data.heldout_docs[doc]
+    counts = torch.from_numpy(np.bincount(token_id[training], minlength=vocab))
+    torch.manual_seed(config.seed)
+    head = DraftHead(DraftConfig.from_target(target.model.config, layers, min(config.draft_vocab_size, vocab)))
+    d2t, t2d = draft_vocabulary(counts, head.config.draft_vocab_size)
+    head.d2t.copy_(d2t)
+    head.t2d.copy_(t2d)
+    with torch.no_grad():
+        head.embed_tokens.weight.copy_(target.model.get_input_embeddings().weight.float())
+    return head
+
+
+def learning_rate(step: int, total: int, config: TrainConfig) -> float:
+    """Linear warmup, then cosine decay to 10%."""
+    if step < config.warmup_steps:
+        return config.lr * (step + 1) / config.warmup_steps
+    progress = (step - config.warmup_steps) / max(1, total - config.warmup_steps)
+    return config.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, progress))))
+
+
+@torch.no_grad()
+def evaluate(head: DraftHead, data: StoreBatches, steps: int) -> dict:
+    """Held-out loss and accuracy per TTT step (accuracy: draft argmax = target argmax)."""
+    index = target_to_draft(head.t2d)
+    loss, correct, counted = np.zeros(steps), np.zeros(steps), np.zeros(steps)
+    for batch in data.batches(data.plan(0, heldout=True)):
+        for i, r in enumerate(unroll(head, batch, index, steps)):
+            loss[i] += float(r.loss) * r.counted
+            correct[i] += r.correct
+            counted[i] += r.counted
+    if not counted.any():
+        raise LayerwaveError("the held-out split has no loss-masked tokens; extract more --tokens")
+    return {"loss": (loss / np.maximum(counted, 1)).tolist(), "accuracy": (correct / np.maximum(counted, 1)).tolist(),
+            "tokens": counted.astype(int).tolist()}
+
+
+def train(store: str, model_key: str, layers: list[int], out: Path, config: TrainConfig,
+          log: Callable[[str], None] = print, stop_after: int | None = None) -> tuple[DraftHead, dict]:
+    """Train (or resume); returns the head and its training record. `stop_after` ends early, as a
+    kill after that step's checkpoint would."""
+    data = StoreBatches(store, model_key, layers, seq_len=config.seq_len, batch_size=config.batch_size,
+                        seed=config.seed, holdout=config.holdout)
+    per_epoch = len(data.plan(0))
+    if per_epoch == 0:
+        raise LayerwaveError("no training windows: the store has no training documents; extract more --tokens")
+    total = per_epoch * config.epochs
+    source = data.group.attrs["plan_hash"]
+    checkpoint = out / "checkpoint.pt"
+    head = build_head(store, model_key, layers, config)
+    optimizer = torch.optim.AdamW([p for p in head.parameters() if p.requires_grad], lr=config.lr,
+                                  weight_decay=config.weight_decay)
+    step, history, untrained = 0, [], None
+    if checkpoint.exists():
+        state = torch.load(checkpoint, weights_only=False)
+        if (state["layers"], state["config"], state["source"]) != (layers, asdict(config), source):
+            raise LayerwaveError(f"{checkpoint} belongs to another run (layers, preset or data differ); "
+                                 "use another --out or delete it")
+        head.load_state_dict(state["head"])
+        optimizer.load_state_dict(state["optimizer"])
+        step, history, untrained = state["step"], state["history"], state["untrained"]
+        log(f"resuming from step {step}/{total}")
+    else:
+        untrained = evaluate(head, data, config.ttt_steps)
+    index = target_to_draft(head.t2d)
+    weights = [0.8 ** i for i in range(config.ttt_steps)]
+    started, tokens = time.perf_counter(), 0
+    while step < total and (stop_after is None or step < stop_after):
+        epoch, offset = divmod(step, per_epoch)
+        for batch in data.batches(data.plan(epoch), skip=offset):
+            for group in optimizer.param_groups:
+                group["lr"] = learning_rate(step, total, config)
+            results = unroll(head, batch, index, config.ttt_steps)
+            loss = sum(w * r.loss for w, r in zip(weights, results))
+            if not torch.isfinite(loss):
+                raise LayerwaveError(f"training loss became {loss.item()} at step {step}; the last good checkpoint "
+                                     f"is {checkpoint if checkpoint.exists() else 'not written yet'}; lower the lr")
+            optimizer.zero_grad()
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(head.parameters(), config.grad_clip)
+            optimizer.step()
+            step, tokens = step + 1, tokens + batch.tokens
+            if step % config.eval_every == 0 or step == total:
+                metrics = evaluate(head, data, config.ttt_steps)
+                history.append({"step": step, "train_loss": loss.item(), **metrics})
+                log(f"step {step}/{total} loss {loss.item():.3f} held-out accuracy per TTT step "
+                    + " ".join(f"{a:.3f}" for a in metrics["accuracy"]))
+                _save(checkpoint, head, optimizer, step, history, untrained, layers, config, source)
+            if step >= total or (stop_after is not None and step >= stop_after):
+                break
+    _save(checkpoint, head, optimizer, step, history, untrained, layers, config, source)
+    elapsed = time.perf_counter() - started
+    return head, {"layers": layers, "model": model_key, "data_plan_hash": source, "config": asdict(config),
+            "steps": step, "total_steps": total, "trainable_parameters": head.trainable_parameters(),
+            "untrained": untrained, "history": history, "final": history[-1] if history else untrained,
+            "tokens_per_s": tokens / elapsed if elapsed > 0 else None, "finished": step >= total}
+
+
+def _save(path: Path, head, optimizer, step, history, untrained, layers, config, source) -> None:
+    """Write the checkpoint atomically: a kill mid-write leaves the previous one intact."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    staging = path.with_suffix(".tmp")
+    torch.save({"head": head.state_dict(), "optimizer": optimizer.state_dict(), "step": step, "history": history,
+                "untrained": untrained, "layers": layers, "config": asdict(config), "source": source}, staging)
+    os.replace(staging, path)
+
+
+def preset(name: str, **overrides) -> TrainConfig:
+    if name not in PRESETS:
+        raise LayerwaveError(f"unknown --preset {name!r}; use {', '.join(PRESETS)}")
+    return replace(PRESETS[name], **{k: v for k, v in overrides.items() if v is not None})

@@ -1,0 +1,158 @@
+"""EAGLE-3 draft heads trained from the store: learning, exact resume, vocabulary, exports, layers."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+
+import numpy as np
+import pytest
+import torch
+import zarr
+
+from flows.cli import main
+from flows.extract import extract
+from store.errors import LayerwaveError
+from store.read import open_activations
+from tasks.draft_head import draft_vocabulary, target_to_draft
+from tasks.export_head import export, from_runtime_ids, load_exported, to_runtime_ids
+from tasks.train_data import StoreBatches
+from tasks.train_head import build_head, preset, train
+from tests.conftest import TINY, extract_options
+
+LAYERS = [2, 4, 5]
+
+
+@pytest.fixture(scope="module")
+def training_store(tmp_path_factory, corpus, prefect_api) -> str:
+    store = tmp_path_factory.mktemp("train") / "store.zarr"
+    extract(**extract_options(store, "sharegpt", tokens=12000, tokens_per_chunk=256, chunks_per_shard=4))
+    return str(store)
+
+
+@pytest.fixture(scope="module")
+def trained(training_store, tmp_path_factory):
+    out = tmp_path_factory.mktemp("head")
+    head, record = train(training_store, TINY, LAYERS, out, preset("smoke"))
+    return head, record, out
+
+
+def test_loss_falls_and_held_out_accuracy_rises_well_above_untrained(trained):
+    _, record, _ = trained
+    first, last = record["history"][0], record["final"]
+    assert record["finished"] and record["steps"] == record["total_steps"]
+    assert last["loss"][0] < first["loss"][0] < record["untrained"]["loss"][0]
+    assert last["accuracy"][0] > record["untrained"]["accuracy"][0] + 0.1, record["untrained"]
+    assert len(last["accuracy"]) == preset("smoke").ttt_steps
+    assert record["trainable_parameters"] > 0
+
+
+def test_resume_from_a_checkpoint_continues_identically(training_store, tmp_path):
+    config = replace(preset("smoke"), epochs=2, eval_every=5)
+    straight, _ = train(training_store, TINY, LAYERS, tmp_path / "straight", config)
+    _, halfway = train(training_store, TINY, LAYERS, tmp_path / "resumed", config, stop_after=7)
+    assert halfway["steps"] == 7 and not halfway["finished"]
+    resumed, record = train(training_store, TINY, LAYERS, tmp_path / "resumed", config)
+    assert record["finished"]
+    for (name, a), (_, b) in zip(straight.state_dict().items(), resumed.state_dict().items()):
+        assert torch.equal(a, b), name
+
+
+def test_draft_vocabulary_round_trip():
+    counts = torch.tensor([5, 0, 9, 9, 1, 0, 3])
+    d2t, t2d = draft_vocabulary(counts, 4)
+    draft_ids = torch.arange(4)
+    targets = draft_ids + d2t
+    assert targets.tolist() == [0, 2, 3, 6]  # most frequent, in id order
+    assert t2d[targets].all() and int(t2d.sum()) == 4
+    assert torch.equal(target_to_draft(t2d)[targets], draft_ids)
+    assert (target_to_draft(t2d)[~t2d] == -1).all()
+
+
+def test_layer_ids_translate_for_each_runtime_in_both_directions():
+    assert to_runtime_ids([2, 15, 27], "vllm") == [2, 15, 27]
+    assert to_runtime_ids([2, 15, 27], "sglang") == [1, 14, 26]
+    assert from_runtime_ids([1, 14, 26], "sglang") == [2, 15, 27]
+    assert from_runtime_ids([2, 15, 27], "vllm") == [2, 15, 27]
+    with pytest.raises(LayerwaveError, match="embedding output"):
+        to_runtime_ids([0, 4], "sglang")
+
+
+@pytest.mark.parametrize("fmt", ["vllm", "sglang"])
+def test_export_then_reload_gives_identical_logits(trained, tmp_path, fmt, training_store):
+    head, _, _ = trained
+    out = export(head, tmp_path / fmt, fmt, verifier="tiny-random-llama")
+    config = json.loads((out / "config.json").read_text())
+    if fmt == "vllm":
+        assert config["speculators_model_type"] == "eagle3" and config["eagle_aux_hidden_state_layer_ids"] == LAYERS
+        assert config["speculators_config"]["verifier"]["name_or_path"] == "tiny-random-llama"
+    else:
+        assert config["architectures"] == ["LlamaForCausalLMEagle3"]
+        assert config["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [1, 3, 4]
+    reloaded = load_exported(out, embeddings=head.embed_tokens.weight.detach().clone())
+    batch = next(StoreBatches(training_store, TINY, LAYERS, seq_len=32, batch_size=2, seed=0).batches(
+        StoreBatches(training_store, TINY, LAYERS, seq_len=32, batch_size=2, seed=0).plan(0)))
+    with torch.no_grad():
+        def logits(model):
+            return model.logits(model.step(model.fuse(batch.aux), batch.input_ids, batch.positions, []))
+        assert torch.equal(logits(head.eval()), logits(reloaded))
+
+
+def test_the_head_reads_exactly_the_layers_asked_for(training_store):
+    ds = open_activations(training_store, TINY)
+    forward = StoreBatches(training_store, TINY, [2, 4, 5], seq_len=64, batch_size=1, seed=0)
+    swapped = StoreBatches(training_store, TINY, [5, 4, 2], seq_len=64, batch_size=1, seed=0)
+    plan = forward.plan(0)
+    a, b = next(forward.batches(plan)), next(swapped.batches(plan))
+    (shard, windows) = plan[0]
+    start, stop = windows[0]
+    width = ds.sizes["hidden"]
+    for slot, layer in enumerate([2, 4, 5]):
+        expected = ds.hidden_states.sel(layer=layer).values[start:stop].astype(np.float32)
+        np.testing.assert_array_equal(a.aux[0, : stop - start, slot * width:(slot + 1) * width].numpy(), expected)
+    assert not torch.equal(a.aux, b.aux)
+    assert torch.equal(a.aux[..., :width], b.aux[..., 2 * width:])
+    head = build_head(training_store, TINY, [2, 4, 5], preset("smoke"))
+    with torch.no_grad():
+        assert not torch.equal(head.fuse(a.aux), head.fuse(b.aux))
+
+
+def test_training_bad_input(training_store, tmp_path, capsys):
+    def refused(argv, expected):
+        capsys.readouterr()
+        assert main(["train", "--model", TINY, "--store", training_store, "--preset", "smoke", *argv]) == 2
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and expected in err, err
+    refused(["--layers", "2,40"], "layers [40] are not in the store")
+    refused(["--layers", "2,2,5"], "repeats a layer")
+    refused(["--layers", ""], "--layers is empty")
+    refused(["--layers", "2,4,5", "--format", "onnx"], "unknown --format")
+    refused(["--layers", "2,4,5", "--preset", "huge"], "unknown --preset")
+
+
+def test_store_without_labels_is_refused(training_store, tmp_path, capsys):
+    import shutil
+    copy = tmp_path / "nolabels.zarr"
+    shutil.copytree(training_store, copy)
+    del zarr.open_group(copy, path=f"{TINY}/activations", mode="a")["target_topk_ids"]
+    zarr.consolidate_metadata(str(copy))
+    assert main(["train", "--model", TINY, "--store", str(copy), "--preset", "smoke", "--layers", "2,4,5"]) == 2
+    assert "has no target_topk_ids" in capsys.readouterr().err
+
+
+def test_nan_loss_stops_with_a_clear_message_and_keeps_the_last_good_checkpoint(training_store, tmp_path):
+    config = replace(preset("smoke"), lr=1e30, warmup_steps=1, eval_every=1, grad_clip=1e30)
+    with pytest.raises(LayerwaveError, match="training loss became nan at step .*last good checkpoint"):
+        train(training_store, TINY, LAYERS, tmp_path, config)
+    state = torch.load(tmp_path / "checkpoint.pt", weights_only=False)
+    assert state["step"] >= 1 and all(torch.isfinite(t).all() for t in state["head"].values() if t.is_floating_point())
+
+
+def test_train_cli_exports_and_records(training_store, tmp_path):
+    out = tmp_path / "cli-head"
+    assert main(["train", "--model", TINY, "--store", training_store, "--layers", "2,4,5", "--preset", "smoke",
+                 "--ttt-steps", "2", "--out", str(out), "--json", str(tmp_path / "t.json")]) == 0
+    record = json.loads((out / "training.json").read_text())
+    assert record["layers"] == [2, 4, 5] and record["config"]["ttt_steps"] == 2
+    assert (out / "model.safetensors").is_file() and json.loads((out / "config.json").read_text())[
+        "eagle_aux_hidden_state_layer_ids"] == [2, 4, 5]
