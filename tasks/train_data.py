@@ -34,6 +34,14 @@ class Batch:
         return int(self.valid.sum())
 
 
+def heldout_documents(n_docs: int, fraction: float, seed: int) -> np.ndarray:
+    """A seeded share of documents held out (at least one, when there are two or more)."""
+    count = min(n_docs - 1, max(1, round(fraction * n_docs))) if n_docs >= 2 else 0
+    heldout = np.zeros(n_docs, dtype=bool)
+    heldout[np.random.default_rng([seed, 1]).permutation(n_docs)[:count]] = True
+    return heldout
+
+
 class StoreBatches:
     def __init__(self, store: str, model_key: str, layers: list[int], *, seq_len: int, batch_size: int, seed: int,
                  holdout: float = 0.05):
@@ -42,7 +50,7 @@ class StoreBatches:
         self.layers, self.seq_len, self.batch_size, self.seed = list(layers), seq_len, batch_size, seed
         doc = self.group[schema.DOC][:]
         self.n_docs = int(doc.max()) + 1 if len(doc) else 0
-        self.heldout_docs = np.random.default_rng([seed, 1]).random(self.n_docs) < holdout
+        self.heldout_docs = heldout_documents(self.n_docs, holdout, seed)
         self.storage_dtype = self.group[schema.HIDDEN_STATES].attrs.get("storage_dtype", "float32")
 
     def windows(self, shard: int, heldout: bool) -> list[tuple[int, int]]:

@@ -40,7 +40,8 @@ class TrainConfig:
 PRESETS = {
     "smoke": TrainConfig(seq_len=64, batch_size=8, ttt_steps=3, lr=5e-3, warmup_steps=10, epochs=8, eval_every=50,
                          draft_vocab_size=4096),
-    "quick": TrainConfig(seq_len=512, batch_size=4, ttt_steps=3, lr=1e-3, warmup_steps=30, epochs=3, eval_every=100),
+    "quick": TrainConfig(seq_len=512, batch_size=4, ttt_steps=3, lr=1e-3, warmup_steps=30, epochs=3, eval_every=100,
+                         draft_vocab_size=8192),
     "full": TrainConfig(seq_len=2048, batch_size=16, ttt_steps=7, lr=1e-4, warmup_steps=500, epochs=10,
                         eval_every=1000),
 }
@@ -155,8 +156,8 @@ def train(store: str, model_key: str, layers: list[int], out: Path, config: Trai
                 _save(checkpoint, head, optimizer, step, history, untrained, layers, config, source)
             if step >= total or (stop_after is not None and step >= stop_after):
                 break
-    _save(checkpoint, head, optimizer, step, history, untrained, layers, config, source)
     elapsed = time.perf_counter() - started
+    _save(checkpoint, head, optimizer, step, history, untrained, layers, config, source)
     return head, {"layers": layers, "model": model_key, "data_plan_hash": source, "config": asdict(config),
             "steps": step, "total_steps": total, "trainable_parameters": head.trainable_parameters(),
             "untrained": untrained, "history": history, "final": history[-1] if history else untrained,
