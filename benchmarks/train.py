@@ -26,7 +26,7 @@ os.environ.setdefault("DO_NOT_TRACK", "1")
 
 from flows.extract import extract  # noqa: E402
 from tasks import load_model  # noqa: E402
-from tasks.baselines import eagle3_default  # noqa: E402
+from tasks.layer_ids import eagle3_default  # noqa: E402
 from tasks.train_data import StoreBatches  # noqa: E402
 from tasks.train_head import preset, train  # noqa: E402
 

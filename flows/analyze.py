@@ -16,7 +16,7 @@ from store.access import consolidate
 from store.read import open_activations
 from store.stats_store import open_stats, stats_path
 from tasks.analysis import ANALYSIS, layer_measures, set_entropy, set_h2_closed_form
-from tasks.baselines import eagle3_default
+from tasks.layer_ids import eagle3_default
 from tasks.registry import store_key
 from tasks.plots import plot_cka, plot_entropy_vs_depth, reports_dir
 from tasks.stats_pass import PassConfig, accumulate_statistics, is_current

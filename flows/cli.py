@@ -66,7 +66,7 @@ def _analyze_parser(sub) -> None:
 def _run_analyze(args) -> dict:
     from flows.analyze import token_masks
     from store.access import check_schema
-    from tasks.analysis import check_layers
+    from tasks.layer_ids import check_layers
     from tasks.registry import store_key
     from tasks.token_filter import filters_for
 

@@ -13,7 +13,8 @@ from store.errors import LayerwaveError
 from store.read import open_activations
 from tasks.export_head import FORMATS, export
 from tasks.registry import store_key
-from tasks.train_head import check_layers, preset, train
+from tasks.layer_ids import check_layers
+from tasks.train_head import preset, train
 
 
 def check_request(store: str, model_key: str, layers: list[int], preset_name: str, fmt: str) -> None:

@@ -10,6 +10,7 @@ import xarray as xr
 
 from store.errors import LayerwaveError
 from store.stats_store import BlockReader, require_stats
+from tasks.layer_ids import check_layers
 from tasks.measures import (aggregate_covariance, debiased_cka, h2_from_frobenius, h2_subset_closed_form, linear_cka,
                             renyi_entropy, spectrum)
 
@@ -67,15 +68,3 @@ def set_entropy(store: str, model_key: str, filter_key: str, layers, alpha: floa
 def set_h2_closed_form(measures: xr.Dataset, layers) -> float:
     layers = check_layers(layers, measures.sizes["layer"])
     return h2_subset_closed_form(measures.cka.values, measures.entropy_h2.values, layers)
-
-
-def check_layers(layers, n_layers: int) -> list[int]:
-    layers = [int(layer) for layer in layers]
-    if not layers:
-        raise LayerwaveError("an empty layer set has no entropy; give at least one layer")
-    outside = [layer for layer in layers if not 0 <= layer < n_layers]
-    if outside:
-        raise LayerwaveError(f"layers {outside} are not in the store (it has layers 0..{n_layers - 1})")
-    if len(set(layers)) != len(layers):
-        raise LayerwaveError(f"layer set {layers} repeats a layer")
-    return layers

@@ -13,7 +13,7 @@ from typing import Callable
 import numpy as np
 
 from store.errors import LayerwaveError
-from tasks.baselines import eagle3_default
+from tasks.layer_ids import eagle3_default
 
 METHODS = ("entropy-topk", "aggregate-entropy", "cka-mrmr", "cka-logdet")
 BASELINES = ("eagle3-default", "even", "last-k", "random")

@@ -47,17 +47,6 @@ PRESETS = {
 }
 
 
-def check_layers(layers: list[int], n_layers: int) -> list[int]:
-    """Layer ids for a head: HF indices present in the store, at least one, no repeats."""
-    if not layers:
-        raise LayerwaveError("--layers is empty; give at least one HF hidden-state index, e.g. 2,15,27")
-    outside = [layer for layer in layers if not 0 <= layer < n_layers]
-    if outside:
-        raise LayerwaveError(f"layers {outside} are not in the store (it has HF indices 0..{n_layers - 1})")
-    if len(set(layers)) != len(layers):
-        raise LayerwaveError(f"--layers {','.join(map(str, layers))} repeats a layer")
-    return list(layers)
-
 
 def build_head(store: str, model_key: str, layers: list[int], config: TrainConfig) -> DraftHead:
     """A fresh head: target embeddings copied in, draft vocabulary from loss-masked training tokens."""

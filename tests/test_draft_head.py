@@ -125,7 +125,7 @@ def test_training_bad_input(training_store, tmp_path, capsys):
         assert len(err.splitlines()) == 1 and expected in err, err
     refused(["--layers", "2,40"], "layers [40] are not in the store")
     refused(["--layers", "2,2,5"], "repeats a layer")
-    refused(["--layers", ""], "--layers is empty")
+    refused(["--layers", ""], "the layer set is empty")
     refused(["--layers", "2,4,5", "--format", "onnx"], "unknown --format")
     refused(["--layers", "2,4,5", "--preset", "huge"], "unknown --preset")
 

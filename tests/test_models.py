@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from tasks.baselines import eagle3_default
+from tasks.layer_ids import eagle3_default
 from tasks.load_model import load, random_model
 from tasks.registry import hf_key, resolve
 

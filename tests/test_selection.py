@@ -12,7 +12,7 @@ from flows.cli import main
 from flows.selection import select
 from store.errors import LayerwaveError
 from store.synthetic import write_synthetic
-from tasks.baselines import eagle3_default
+from tasks.layer_ids import eagle3_default
 from tasks.selection import Constraints, even, last_k, random_sets
 
 TOKENS, D = 800, 16

@@ -198,7 +198,7 @@ def test_analyze_bad_input(tmp_path, capsys, extracted):
     refused(["--model", "tiny-random-llama", "--store", store, "--entropy-threshold", "99"],
             "keeps 0 of 1500 tokens; at least 4 are needed")
     refused(["--model", "tiny-random-llama", "--store", store, "--set", "2,40"],
-            "layers [40] are not in the store (it has layers 0..8)")
+            "layers [40] are not in the store (it has HF indices 0..8)")
     with pytest.raises(LayerwaveError, match="repeats a layer"):
-        from tasks.analysis import check_layers
+        from tasks.layer_ids import check_layers
         check_layers([2, 2], 9)

@@ -1,0 +1,25 @@
+"""Layer ids in the HF hidden_states convention (DESIGN.md): checks and the EAGLE-3 default."""
+
+from __future__ import annotations
+
+from store.errors import LayerwaveError
+
+
+def eagle3_default(num_hidden_layers: int) -> list[int] | None:
+    """[2, N//2, N-3] for a model with N decoder layers; None when those are not 3 distinct layers."""
+    n = num_hidden_layers
+    layers = [2, n // 2, n - 3]
+    return layers if len(set(layers)) == 3 and min(layers) >= 1 else None
+
+
+def check_layers(layers, n_layers: int) -> list[int]:
+    """A layer set must be non-empty, inside the store's 0..n_layers-1, and repeat nothing."""
+    layers = [int(layer) for layer in layers]
+    if not layers:
+        raise LayerwaveError("the layer set is empty; give at least one HF hidden-state index, e.g. 2,15,27")
+    outside = [layer for layer in layers if not 0 <= layer < n_layers]
+    if outside:
+        raise LayerwaveError(f"layers {outside} are not in the store (it has HF indices 0..{n_layers - 1})")
+    if len(set(layers)) != len(layers):
+        raise LayerwaveError(f"layer set {layers} repeats a layer")
+    return layers
