@@ -186,6 +186,34 @@ def _run_train(args) -> dict:
     return summary
 
 
+def _evaluate_parser(sub) -> None:
+    p = sub.add_parser("evaluate", help="speculative decoding with a trained head: τ, speed-up, lossless check")
+    p.add_argument("--model", default="smollm2-135m")
+    p.add_argument("--head", required=True, help="directory written by `layerwave train`")
+    p.add_argument("--bench", default="mt-bench", help="mt-bench (first turns), sharegpt (held out) or jsonl:PATH")
+    p.add_argument("--limit", type=int, default=10, help="number of prompts")
+    p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--depth", type=int, default=4, help="draft tokens per verification (chain)")
+    p.add_argument("--store", help="store whose ShareGPT records are excluded from --bench sharegpt")
+    p.add_argument("--json", help="write tau, speedup, lossless, per_position, tokens_per_s, ... to this file")
+
+
+def _run_evaluate(args) -> dict:
+    from flows.evaluate import check_request
+
+    check_request(args.model, args.head, args.bench, args.limit, args.max_new_tokens, args.depth)
+    _configure_logging()
+    from flows.evaluate import evaluate
+
+    result = evaluate(model=args.model, head=args.head, bench=args.bench, limit=args.limit,
+                      max_new_tokens=args.max_new_tokens, depth=args.depth, store=args.store)
+    print(f"{args.bench}: τ {result['tau']:.2f}, speed-up {result['speedup']:.2f}x "
+          f"({result['tokens_per_s']:.1f} vs {result['baseline_tokens_per_s']:.1f} tokens/s), "
+          f"lossless {result['lossless']}, acceptance per position "
+          + " ".join(f"{p:.2f}" for p in result["per_position"]))
+    return result
+
+
 def _run_models(args) -> dict:
     from tasks.registry import registry
 
@@ -220,9 +248,10 @@ def main(argv: list[str] | None = None) -> int:
     _analyze_parser(sub)
     _select_parser(sub)
     _train_parser(sub)
+    _evaluate_parser(sub)
     sub.add_parser("models", help="list the built-in models")
     args = parser.parse_args(argv)
-    runners = {"extract": _run_extract, "analyze": _run_analyze, "select": _run_select, "train": _run_train, "models": _run_models}
+    runners = {"extract": _run_extract, "analyze": _run_analyze, "select": _run_select, "train": _run_train, "evaluate": _run_evaluate, "models": _run_models}
     try:
         summary = runners[args.command](args)
     except LayerwaveError as err:

@@ -114,6 +114,25 @@ class Attention(nn.Module):
         return self.o_proj(out.transpose(1, 2).reshape(b, t, -1))
 
 
+    def decode(self, x, positions, past):
+        """Plain causal attention with a KV cache, for drafting: `past` is (k, v) of earlier
+        positions or None; returns the output and the extended cache."""
+        b, t, _ = x.shape
+        c = self.c
+        q = self.q_proj(x).view(b, t, c.num_attention_heads, c.head_dim).transpose(1, 2)
+        k = self.k_proj(x).view(b, t, c.num_key_value_heads, c.head_dim).transpose(1, 2)
+        v = self.v_proj(x).view(b, t, c.num_key_value_heads, c.head_dim).transpose(1, 2)
+        q, k = rotate(q, positions, c.rope_theta), rotate(k, positions, c.rope_theta)
+        groups = c.num_attention_heads // c.num_key_value_heads
+        k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
+        if past is not None:
+            k, v = torch.cat([past[0], k], dim=2), torch.cat([past[1], v], dim=2)
+        seen = k.shape[2] - t
+        mask = torch.ones(t, k.shape[2], dtype=torch.bool, device=x.device).tril(diagonal=seen)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        return self.o_proj(out.transpose(1, 2).reshape(b, t, -1)), (k, v)
+
+
 class MLP(nn.Module):
     def __init__(self, c: DraftConfig):
         super().__init__()
@@ -138,6 +157,12 @@ class DecoderLayer(nn.Module):
         x = torch.cat([self.input_layernorm(embeds), self.hidden_norm(hidden)], dim=-1)
         hidden = hidden + self.self_attn(x, positions, cache)
         return hidden + self.mlp(self.post_attention_layernorm(hidden))
+
+    def decode(self, embeds, hidden, positions, past):
+        x = torch.cat([self.input_layernorm(embeds), self.hidden_norm(hidden)], dim=-1)
+        attended, past = self.self_attn.decode(x, positions, past)
+        hidden = hidden + attended
+        return hidden + self.mlp(self.post_attention_layernorm(hidden)), past
 
 
 class DraftHead(nn.Module):
@@ -165,6 +190,10 @@ class DraftHead(nn.Module):
     def step(self, hidden, input_ids, positions, cache):
         """One draft step: next hidden state from (hidden, token) pairs."""
         return self.midlayer(self.embed_tokens(input_ids), hidden, positions, cache)
+
+    def decode(self, hidden, input_ids, positions, past):
+        """Drafting: like `step`, but attending to every cached earlier position (KV cache)."""
+        return self.midlayer.decode(self.embed_tokens(input_ids), hidden, positions, past)
 
     def logits(self, hidden):
         return self.lm_head(self.norm(hidden))

@@ -21,6 +21,7 @@ os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ.setdefault("LAYERWAVE_CACHE", os.path.join(_SESSION_DIR, "cache"))
 
 TINY = "tiny-random-llama"
+LAYERS = [2, 4, 5]  # the EAGLE-3 default for the tiny model's 8 layers
 # Small chunks and shards so a few thousand tokens make several shards.
 SMALL_LAYOUT = {"tokens_per_chunk": 64, "chunks_per_shard": 4}
 
@@ -76,3 +77,23 @@ def extracted(tmp_path_factory, corpus, prefect_api):
     store = tmp_path_factory.mktemp("extracted") / "store.zarr"
     summary = extract(**extract_options(store, corpus, batch_tokens=256))
     return str(store), summary
+
+
+@pytest.fixture(scope="session")
+def training_store(tmp_path_factory, prefect_api) -> str:
+    """A tiny-model store of 12,000 ShareGPT tokens: enough documents for draft training."""
+    from flows.extract import extract
+
+    store = tmp_path_factory.mktemp("train") / "store.zarr"
+    extract(**extract_options(store, "sharegpt", tokens=12000, tokens_per_chunk=256, chunks_per_shard=4))
+    return str(store)
+
+
+@pytest.fixture(scope="session")
+def trained(training_store, tmp_path_factory):
+    """A smoke-trained head on LAYERS: (head, training record, checkpoint dir)."""
+    from tasks.train_head import preset, train
+
+    out = tmp_path_factory.mktemp("head")
+    head, record = train(training_store, TINY, LAYERS, out, preset("smoke"))
+    return head, record, out

@@ -11,30 +11,13 @@ import torch
 import zarr
 
 from flows.cli import main
-from flows.extract import extract
 from store.errors import LayerwaveError
 from store.read import open_activations
 from tasks.draft_head import draft_vocabulary, target_to_draft
 from tasks.export_head import export, from_runtime_ids, load_exported, to_runtime_ids
 from tasks.train_data import StoreBatches
 from tasks.train_head import build_head, preset, train
-from tests.conftest import TINY, extract_options
-
-LAYERS = [2, 4, 5]
-
-
-@pytest.fixture(scope="module")
-def training_store(tmp_path_factory, corpus, prefect_api) -> str:
-    store = tmp_path_factory.mktemp("train") / "store.zarr"
-    extract(**extract_options(store, "sharegpt", tokens=12000, tokens_per_chunk=256, chunks_per_shard=4))
-    return str(store)
-
-
-@pytest.fixture(scope="module")
-def trained(training_store, tmp_path_factory):
-    out = tmp_path_factory.mktemp("head")
-    head, record = train(training_store, TINY, LAYERS, out, preset("smoke"))
-    return head, record, out
+from tests.conftest import LAYERS, TINY
 
 
 def test_loss_falls_and_held_out_accuracy_rises_well_above_untrained(trained):

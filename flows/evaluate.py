@@ -1,0 +1,90 @@
+"""The evaluation flow: a trained head and its target generate together; τ and speed-up, checked lossless."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+from prefect import flow, get_run_logger, task
+from prefect.artifacts import create_table_artifact
+from prefect.cache_policies import NO_CACHE
+
+from store.errors import LayerwaveError
+from tasks import load_model
+from tasks.export_head import load_exported
+from tasks.prompts import encode_prompts, first_turns, used_records
+from tasks.registry import resolve
+from tasks.spec_decode import HeadDrafter, plain_generate, speculative_generate
+
+
+def load_pair(model: str, head_dir: str):
+    """Target and head, refusing a head made for another model or for layers the model lacks."""
+    if not (Path(head_dir) / "config.json").is_file():
+        raise LayerwaveError(f"--head {head_dir} has no config.json; pass a directory written by `layerwave train`")
+    target = load_model.load(model, "cpu", "auto")
+    head = load_exported(Path(head_dir), embeddings=target.model.get_input_embeddings().weight.detach().float())
+    c, t = head.config, target.model.config
+    if (c.hidden_size, c.vocab_size) != (t.hidden_size, t.vocab_size):
+        raise LayerwaveError(f"head {head_dir} was trained for a model of width {c.hidden_size} and vocabulary "
+                             f"{c.vocab_size}; {model} has {t.hidden_size} and {t.vocab_size}")
+    if max(c.layers) > t.num_hidden_layers:
+        raise LayerwaveError(f"head {head_dir} reads layers {c.layers}; {model} has HF indices 0..{t.num_hidden_layers}")
+    return target, head
+
+
+def check_request(model: str, head_dir: str, bench: str, limit: int | None, max_new_tokens: int, depth: int) -> None:
+    """Every mistake in an evaluation request, before generation starts."""
+    if depth < 1:
+        raise LayerwaveError(f"--depth must be at least 1 (got {depth})")
+    target, _ = load_pair(model, head_dir)
+    encode_prompts(target.tokenizer, first_turns(bench, limit), target.model.config.max_position_embeddings,
+                   max_new_tokens)
+
+
+@task(name="speculative-decoding", cache_policy=NO_CACHE)
+def evaluate_task(model: str, head_dir: str, bench: str, limit: int | None, max_new_tokens: int, depth: int,
+                  store: str | None) -> dict:
+    logger = get_run_logger()
+    target, head = load_pair(model, head_dir)
+    turns = first_turns(bench, limit, exclude=used_records(store, resolve(model).key))
+    prompts = encode_prompts(target.tokenizer, turns, target.model.config.max_position_embeddings, max_new_tokens)
+    eos = target.tokenizer.eos_token_id
+    plain_generate(target.model, prompts[0], 2, eos)  # warm-up, untimed
+    rows, mismatches = [], []
+    for number, prompt in enumerate(prompts):
+        base = plain_generate(target.model, prompt, max_new_tokens, eos)
+        spec = speculative_generate(target.model, head.config.layers, HeadDrafter(head), prompt, max_new_tokens,
+                                    depth, eos)
+        if spec.tokens != base.tokens:
+            mismatches.append(number)
+        rows.append({"prompt": number, "tokens": len(spec.tokens), "tau": spec.tau, "accepted": spec.accepted,
+                     "seconds": spec.seconds, "baseline_seconds": base.seconds})
+        logger.info("prompt %d/%d: τ %.2f, %d tokens, %.2fs vs %.2fs plain", number + 1, len(prompts), spec.tau,
+                    len(spec.tokens), spec.seconds, base.seconds)
+    return summarize(rows, depth, mismatches)
+
+
+def summarize(rows: list[dict], depth: int, mismatches: list[int]) -> dict:
+    rounds = [a for row in rows for a in row["accepted"]]
+    tokens = sum(row["tokens"] for row in rows)
+    seconds, baseline = sum(row["seconds"] for row in rows), sum(row["baseline_seconds"] for row in rows)
+    return {"tau": (sum(rounds) + len(rounds)) / max(len(rounds), 1),
+            "per_position": [float(np.mean([a > i for a in rounds])) if rounds else 0.0 for i in range(depth)],
+            "tokens_per_s": tokens / seconds, "baseline_tokens_per_s": tokens / baseline, "speedup": baseline / seconds,
+            "lossless": not mismatches, "mismatched_prompts": mismatches, "prompts": len(rows), "tokens": tokens,
+            "depth": depth, "rows": rows}
+
+
+@flow(name="layerwave-evaluate")
+def evaluate(model: str = "smollm2-135m", head: str = "", bench: str = "mt-bench", limit: int | None = 10,
+             max_new_tokens: int = 128, depth: int = 4, store: str | None = None) -> dict:
+    """Greedy chain speculative decoding of `bench` prompts with `head`, against plain decoding."""
+    check_request(model, head, bench, limit, max_new_tokens, depth)
+    result = evaluate_task(model, head, bench, limit, max_new_tokens, depth, store)
+    create_table_artifact(key="speculative-decoding", table=[{k: result[k] for k in (
+        "tau", "speedup", "tokens_per_s", "baseline_tokens_per_s", "lossless", "prompts")}],
+        description=f"{model} with head {head} on {bench}")
+    if not result["lossless"]:
+        raise LayerwaveError(f"speculative output differs from plain greedy decoding on prompts "
+                             f"{result['mismatched_prompts']}: decoding is not lossless (a bug; please report it)")
+    return {"model": model, "head": head, "bench": bench, **result}
