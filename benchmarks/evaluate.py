@@ -1,7 +1,7 @@
 """Acceptance length and wall-clock speed-up of a store-trained head on SmolLM2-135M, against plain
 Hugging Face greedy generation on the same prompts in the same run.
 
-    python benchmarks/evaluate.py [--tokens 20000] [--limit 10] [--max-new-tokens 128] [--depth 4]
+    python benchmarks/evaluate.py [--tokens 20000] [--limit 5] [--max-new-tokens 64] [--depth 4]
 
 Extracts ShareGPT activations, trains a `quick` head on the EAGLE-3 default layers, and runs
 greedy chain speculative decoding on MT-Bench first turns (and held-out ShareGPT prompts),
@@ -30,8 +30,8 @@ def main() -> None:
     parser.add_argument("--model", default="smollm2-135m")
     parser.add_argument("--tokens", type=int, default=20000)
     parser.add_argument("--store", help="reuse a store (default: a temp dir)")
-    parser.add_argument("--limit", type=int, default=10)
-    parser.add_argument("--max-new-tokens", type=int, default=128)
+    parser.add_argument("--limit", type=int, default=5)
+    parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--depth", type=int, default=4)
     parser.add_argument("--out", default="benchmarks/out/evaluate.json")
     args = parser.parse_args()

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+import torch
 from prefect import flow, get_run_logger, task
 from prefect.artifacts import create_table_artifact
 from prefect.cache_policies import NO_CACHE
@@ -32,10 +33,13 @@ def load_pair(model: str, head_dir: str):
     return target, head
 
 
-def check_request(model: str, head_dir: str, bench: str, limit: int | None, max_new_tokens: int, depth: int) -> None:
+def check_request(model: str, head_dir: str, bench: str, limit: int | None, max_new_tokens: int, depth: int,
+                  temperature: float = 0.0) -> None:
     """Every mistake in an evaluation request, before generation starts."""
     if depth < 1:
         raise LayerwaveError(f"--depth must be at least 1 (got {depth})")
+    if temperature < 0:
+        raise LayerwaveError(f"--temperature must be >= 0 (got {temperature}); 0 is greedy")
     target, _ = load_pair(model, head_dir)
     encode_prompts(target.tokenizer, first_turns(bench, limit), target.model.config.max_position_embeddings,
                    max_new_tokens)
@@ -43,7 +47,7 @@ def check_request(model: str, head_dir: str, bench: str, limit: int | None, max_
 
 @task(name="speculative-decoding", cache_policy=NO_CACHE)
 def evaluate_task(model: str, head_dir: str, bench: str, limit: int | None, max_new_tokens: int, depth: int,
-                  store: str | None) -> dict:
+                  store: str | None, temperature: float = 0.0, seed: int = 0) -> dict:
     logger = get_run_logger()
     target, head = load_pair(model, head_dir)
     turns = first_turns(bench, limit, exclude=used_records(store, resolve(model).key))
@@ -51,40 +55,45 @@ def evaluate_task(model: str, head_dir: str, bench: str, limit: int | None, max_
     eos = target.tokenizer.eos_token_id
     plain_generate(target.model, prompts[0], 2, eos)  # warm-up, untimed
     rows, mismatches = [], []
+    generator = torch.Generator().manual_seed(seed)
     for number, prompt in enumerate(prompts):
-        base = plain_generate(target.model, prompt, max_new_tokens, eos)
+        base = plain_generate(target.model, prompt, max_new_tokens, eos, temperature)
         spec = speculative_generate(target.model, head.config.layers, HeadDrafter(head), prompt, max_new_tokens,
-                                    depth, eos)
-        if spec.tokens != base.tokens:
+                                    depth, eos, temperature, generator)
+        if temperature == 0 and spec.tokens != base.tokens:
             mismatches.append(number)
         rows.append({"prompt": number, "tokens": len(spec.tokens), "tau": spec.tau, "accepted": spec.accepted,
-                     "seconds": spec.seconds, "baseline_seconds": base.seconds})
+                     "seconds": spec.seconds, "baseline_tokens": len(base.tokens), "baseline_seconds": base.seconds})
         logger.info("prompt %d/%d: τ %.2f, %d tokens, %.2fs vs %.2fs plain", number + 1, len(prompts), spec.tau,
                     len(spec.tokens), spec.seconds, base.seconds)
-    return summarize(rows, depth, mismatches)
+    return summarize(rows, depth, mismatches, sampled=temperature > 0)
 
 
-def summarize(rows: list[dict], depth: int, mismatches: list[int]) -> dict:
+def summarize(rows: list[dict], depth: int, mismatches: list[int], sampled: bool = False) -> dict:
+    """Totals over prompts. Sampled outputs differ from a sampled baseline by chance, so
+    `lossless` (token-for-token identity) is only defined, and checked, for greedy decoding."""
     rounds = [a for row in rows for a in row["accepted"]]
     tokens = sum(row["tokens"] for row in rows)
+    baseline_tokens = sum(row["baseline_tokens"] for row in rows)
     seconds, baseline = sum(row["seconds"] for row in rows), sum(row["baseline_seconds"] for row in rows)
     return {"tau": (sum(rounds) + len(rounds)) / max(len(rounds), 1),
             "per_position": [float(np.mean([a > i for a in rounds])) if rounds else 0.0 for i in range(depth)],
-            "tokens_per_s": tokens / seconds, "baseline_tokens_per_s": tokens / baseline, "speedup": baseline / seconds,
-            "lossless": not mismatches, "mismatched_prompts": mismatches, "prompts": len(rows), "tokens": tokens,
+            "tokens_per_s": tokens / seconds, "baseline_tokens_per_s": baseline_tokens / baseline,
+            "speedup": (tokens / seconds) / (baseline_tokens / baseline), "lossless": None if sampled else not mismatches, "mismatched_prompts": mismatches, "prompts": len(rows), "tokens": tokens,
             "depth": depth, "rows": rows}
 
 
 @flow(name="layerwave-evaluate")
 def evaluate(model: str = "smollm2-135m", head: str = "", bench: str = "mt-bench", limit: int | None = 10,
-             max_new_tokens: int = 128, depth: int = 4, store: str | None = None) -> dict:
-    """Greedy chain speculative decoding of `bench` prompts with `head`, against plain decoding."""
-    check_request(model, head, bench, limit, max_new_tokens, depth)
-    result = evaluate_task(model, head, bench, limit, max_new_tokens, depth, store)
+             max_new_tokens: int = 128, depth: int = 4, store: str | None = None, temperature: float = 0.0,
+             seed: int = 0) -> dict:
+    """Chain speculative decoding of `bench` prompts with `head`, against the target decoding alone."""
+    check_request(model, head, bench, limit, max_new_tokens, depth, temperature)
+    result = evaluate_task(model, head, bench, limit, max_new_tokens, depth, store, temperature, seed)
     create_table_artifact(key="speculative-decoding", table=[{k: result[k] for k in (
         "tau", "speedup", "tokens_per_s", "baseline_tokens_per_s", "lossless", "prompts")}],
         description=f"{model} with head {head} on {bench}")
-    if not result["lossless"]:
+    if result["lossless"] is False:
         raise LayerwaveError(f"speculative output differs from plain greedy decoding on prompts "
                              f"{result['mismatched_prompts']}: decoding is not lossless (a bug; please report it)")
     return {"model": model, "head": head, "bench": bench, **result}

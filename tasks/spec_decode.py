@@ -1,10 +1,12 @@
-"""Speculative decoding with a Hugging Face target and an EAGLE-3 draft head (chain drafting, greedy).
+"""Speculative decoding with a Hugging Face target and an EAGLE-3 draft head (chain drafting).
 
 Per round: the head drafts `depth` tokens after the last accepted one; the target verifies them
-in one forward pass (which also yields the hidden states the head reads next); the longest prefix
-matching the target's own greedy choices is kept, plus the target's next token (the bonus). Both
-KV caches are rolled back to the accepted prefix. Greedy output is therefore the target's own
-greedy output, token for token; every evaluation checks that against plain decoding.
+in one forward pass (which also yields the hidden states the head reads next); an accepted prefix
+is kept plus one token from the target (the bonus, or the correction at the first rejection), and
+both KV caches are rolled back to it. Greedy: a draft is accepted when it is the target's own
+argmax, so the output is the target's greedy output token for token (every evaluation checks
+it). Sampling (temperature > 0): standard speculative rejection sampling, which leaves the
+target's sampling distribution unchanged.
 """
 
 from __future__ import annotations
@@ -34,16 +36,47 @@ class HeadDrafter:
         self.hidden, self.length = out[:, -1:], self.length + len(next_tokens)
 
     @torch.no_grad()
-    def propose(self, depth: int) -> list[int]:
-        """Draft `depth` target-vocabulary tokens after the last committed pair (cache left as it was)."""
-        hidden, past, tokens = self.hidden, self.past, []
+    def propose(self, depth: int, temperature: float = 0.0, generator=None) -> tuple[list[int], list]:
+        """Draft `depth` target-vocabulary tokens after the last committed pair (cache left as it
+        was), with the draft's distribution over the target vocabulary for each when sampling."""
+        hidden, past, tokens, distributions = self.hidden, self.past, [], []
+        targets = torch.arange(self.head.config.draft_vocab_size) + self.head.d2t
         for step in range(depth):
-            draft_id = int(self.head.logits(hidden)[0, -1].argmax())
-            tokens.append(draft_id + int(self.head.d2t[draft_id]))
+            logits = self.head.logits(hidden)[0, -1].float()
+            if temperature > 0:
+                q = torch.zeros(self.head.config.vocab_size)
+                q[targets] = torch.softmax(logits / temperature, dim=-1)
+                tokens.append(int(torch.multinomial(q, 1, generator=generator)))
+                distributions.append(q)
+            else:
+                tokens.append(int(targets[int(logits.argmax())]))
             if step + 1 < depth:
                 position = torch.tensor([[self.length + step]])
                 hidden, past = self.head.decode(hidden, torch.tensor([[tokens[-1]]]), position, past)
-        return tokens
+        return tokens, distributions
+
+
+def accept_greedy(target_logits: torch.Tensor, drafts: list[int]) -> list[int]:
+    """Drafts equal to the target's argmax, then the target's own next token."""
+    choices = target_logits.argmax(-1).tolist()
+    accepted = 0
+    while accepted < len(drafts) and drafts[accepted] == choices[accepted]:
+        accepted += 1
+    return drafts[:accepted] + [choices[accepted]]
+
+
+def accept_sampled(target_probs: torch.Tensor, draft_probs: list, drafts: list[int], generator=None) -> list[int]:
+    """Rejection sampling (Leviathan et al. 2023): keep draft d with probability min(1, p(d)/q(d));
+    at the first rejection sample from max(0, p − q) renormalised; if all pass, sample the bonus
+    from p. Emitted tokens are distributed exactly as sampling the target alone."""
+    for i, token in enumerate(drafts):
+        p, q = target_probs[i], draft_probs[i]
+        if float(torch.rand((), generator=generator)) < min(1.0, float(p[token] / q[token])):
+            continue
+        residual = (p - q).clamp(min=0)
+        residual = residual / residual.sum() if residual.sum() > 0 else p
+        return drafts[:i] + [int(torch.multinomial(residual, 1, generator=generator))]
+    return drafts + [int(torch.multinomial(target_probs[len(drafts)], 1, generator=generator))]
 
 
 @dataclass
@@ -66,23 +99,24 @@ def aux_states(hidden_states, layers: list[int]) -> torch.Tensor:
 
 @torch.no_grad()
 def speculative_generate(target, layers: list[int], drafter, prompt: list[int], max_new_tokens: int, depth: int,
-                         eos_token_id: int | None) -> Generation:
+                         eos_token_id: int | None, temperature: float = 0.0, generator=None) -> Generation:
     began = time.perf_counter()
     ids = torch.tensor([prompt])
     out = target(input_ids=ids, output_hidden_states=True, use_cache=True)
     cache = out.past_key_values
-    generated = [int(out.logits[0, -1].argmax())]
+    first = out.logits[0, -1:].float()
+    generated = (accept_sampled(torch.softmax(first / temperature, -1), [], [], generator) if temperature > 0
+                 else accept_greedy(first, []))
     drafter.observe(aux_states(out.hidden_states, layers), torch.tensor(prompt[1:] + generated))
     result = Generation(tokens=generated)
     while not _finished(result.tokens, max_new_tokens, eos_token_id):
-        drafts = drafter.propose(depth)
+        drafts, draft_probs = drafter.propose(depth, temperature, generator)
         out = target(input_ids=torch.tensor([[result.tokens[-1], *drafts]]), past_key_values=cache,
                      output_hidden_states=True, use_cache=True)
-        choices = out.logits[0].argmax(-1).tolist()
-        accepted = 0
-        while accepted < depth and drafts[accepted] == choices[accepted]:
-            accepted += 1
-        new = drafts[:accepted] + [choices[accepted]]
+        logits = out.logits[0].float()
+        new = (accept_sampled(torch.softmax(logits / temperature, -1), draft_probs, drafts, generator)
+               if temperature > 0 else accept_greedy(logits, drafts))
+        accepted = len(new) - 1
         rejected = depth - accepted
         if rejected:
             cache.crop(-rejected)  # a negative count removes that many positions (transformers 4.x and 5.x)
@@ -96,12 +130,15 @@ def speculative_generate(target, layers: list[int], drafter, prompt: list[int], 
 
 
 @torch.no_grad()
-def plain_generate(target, prompt: list[int], max_new_tokens: int, eos_token_id: int | None) -> Generation:
-    """The baseline: the target's own greedy decoding with Hugging Face `generate`."""
+def plain_generate(target, prompt: list[int], max_new_tokens: int, eos_token_id: int | None,
+                   temperature: float = 0.0) -> Generation:
+    """The baseline: the target decoding alone with Hugging Face `generate`."""
     began = time.perf_counter()
+    sampling = {"do_sample": True, "temperature": temperature, "top_k": None, "top_p": None} if temperature > 0 \
+        else {"do_sample": False}
     out = target.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
-                          max_new_tokens=max_new_tokens, do_sample=False, eos_token_id=eos_token_id,
-                          pad_token_id=eos_token_id if eos_token_id is not None else 0)
+                          max_new_tokens=max_new_tokens, eos_token_id=eos_token_id,
+                          pad_token_id=eos_token_id if eos_token_id is not None else 0, **sampling)
     tokens = _trim(out[0, len(prompt):].tolist(), max_new_tokens, eos_token_id)
     return Generation(tokens=tokens, forwards=len(tokens), seconds=time.perf_counter() - began)
 

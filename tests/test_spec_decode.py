@@ -10,7 +10,7 @@ import torch
 from flows.cli import main
 from tasks.draft_head import DraftHead
 from tasks.export_head import export
-from tasks.spec_decode import HeadDrafter, plain_generate, speculative_generate
+from tasks.spec_decode import HeadDrafter, accept_sampled, plain_generate, speculative_generate
 from tests.conftest import LAYERS, TINY
 
 LENGTHS = (5, 23, 61)  # prompts of different lengths
@@ -38,8 +38,8 @@ class OracleDrafter:
     def observe(self, aux, next_tokens):
         self.context += next_tokens.tolist()
 
-    def propose(self, depth):
-        return plain_generate(self.target, self.context, depth, None).tokens
+    def propose(self, depth, temperature=0.0, generator=None):
+        return plain_generate(self.target, self.context, depth, None).tokens, []
 
 
 @pytest.mark.parametrize("which", ["trained", "untrained"])
@@ -101,3 +101,27 @@ def test_evaluate_cli_reports_tau_speedup_and_lossless(trained, tmp_path, tiny, 
     other["eagle_aux_hidden_state_layer_ids"] = [2, 4, 12]
     (head_dir / "config.json").write_text(json.dumps(other))
     refused(["--head", str(head_dir)], "reads layers [2, 4, 12]; tiny-random-llama has HF indices 0..8")
+
+
+def test_rejection_sampling_preserves_the_target_distribution():
+    """Chi-square on a 5-token vocabulary: the first emitted token follows p, whatever q drafts."""
+    p = torch.tensor([[0.5, 0.2, 0.15, 0.1, 0.05], [0.1, 0.1, 0.2, 0.3, 0.3], [0.2] * 5])
+    q = [torch.tensor([0.05, 0.1, 0.15, 0.3, 0.4]), torch.tensor([0.3, 0.3, 0.2, 0.1, 0.1])]
+    generator = torch.Generator().manual_seed(1234)
+    trials, counts, accepted_first = 20000, torch.zeros(5), 0
+    for _ in range(trials):
+        drafts = [int(torch.multinomial(q[0], 1, generator=generator)), int(torch.multinomial(q[1], 1, generator=generator))]
+        emitted = accept_sampled(p, q, drafts, generator)
+        counts[emitted[0]] += 1
+        accepted_first += emitted[0] == drafts[0] and len(emitted) > 1
+    expected = p[0] * trials
+    chi_square = float(((counts - expected) ** 2 / expected).sum())
+    assert chi_square < 18.47, (chi_square, counts)  # df = 4, p = 0.001
+    assert 0 < accepted_first < trials  # both branches exercised
+
+
+def test_sampling_decoding_runs_and_is_reproducible(tiny, trained):
+    prompt = prompts(tiny)[2]
+    runs = [speculative_generate(tiny.model, LAYERS, HeadDrafter(trained[0]), prompt, 20, 3, None, temperature=0.8,
+                                 generator=torch.Generator().manual_seed(7)) for _ in range(2)]
+    assert runs[0].tokens == runs[1].tokens and len(runs[0].tokens) == 20
