@@ -89,10 +89,8 @@ class Attention(nn.Module):
         self.v_proj = nn.Linear(2 * c.hidden_size, c.num_key_value_heads * c.head_dim, bias=False)
         self.o_proj = nn.Linear(c.num_attention_heads * c.head_dim, c.hidden_size, bias=False)
 
-    def forward(self, x, positions, cache: list):
-        """x (B, T, 2H). `cache` holds (k, v) of earlier TTT steps: [step 0, step 1, ...]; this
-        step's (k, v) is appended. Step 0 is causal over itself; step i > 0 also sees, at each
-        position, only that position's keys of steps 1..i."""
+    def _project(self, x, positions):
+        """Queries, keys and values (B, heads, T, head_dim), rotated, keys/values repeated per group."""
         b, t, _ = x.shape
         c = self.c
         q = self.q_proj(x).view(b, t, c.num_attention_heads, c.head_dim).transpose(1, 2)
@@ -100,31 +98,32 @@ class Attention(nn.Module):
         v = self.v_proj(x).view(b, t, c.num_key_value_heads, c.head_dim).transpose(1, 2)
         q, k = rotate(q, positions, c.rope_theta), rotate(k, positions, c.rope_theta)
         groups = c.num_attention_heads // c.num_key_value_heads
-        k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
+        return q, k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
+
+    def forward(self, x, positions, cache: list):
+        """x (B, T, 2H). `cache` holds (k, v) of earlier TTT steps: [step 0, step 1, ...]; this
+        step's (k, v) is appended. Step 0 is causal over itself; step i > 0 also sees, at each
+        position, only that position's keys of steps 1..i."""
+        b, t, _ = x.shape
+        q, k, v = self._project(x, positions)
         cache.append((k, v))
         k0, v0 = cache[0]
-        scores = q @ k0.transpose(-1, -2) / math.sqrt(c.head_dim)  # (B, h, T, T)
+        scale = math.sqrt(self.c.head_dim)
+        scores = q @ k0.transpose(-1, -2) / scale  # (B, h, T, T)
         causal = torch.ones(t, t, dtype=torch.bool, device=x.device).tril()  # right padding needs no more
         scores = scores.masked_fill(~causal, float("-inf"))
-        diagonal = [(q * ki).sum(-1, keepdim=True) / math.sqrt(c.head_dim) for ki, _ in cache[1:]]
+        diagonal = [(q * ki).sum(-1, keepdim=True) / scale for ki, _ in cache[1:]]
         weights = torch.softmax(torch.cat([scores, *diagonal], dim=-1).float(), dim=-1).to(q.dtype)
         out = weights[..., :t] @ v0
         for step, (_, vi) in enumerate(cache[1:]):
             out = out + weights[..., t + step: t + step + 1] * vi
         return self.o_proj(out.transpose(1, 2).reshape(b, t, -1))
 
-
     def decode(self, x, positions, past):
         """Plain causal attention with a KV cache, for drafting: `past` is (k, v) of earlier
         positions or None; returns the output and the extended cache."""
         b, t, _ = x.shape
-        c = self.c
-        q = self.q_proj(x).view(b, t, c.num_attention_heads, c.head_dim).transpose(1, 2)
-        k = self.k_proj(x).view(b, t, c.num_key_value_heads, c.head_dim).transpose(1, 2)
-        v = self.v_proj(x).view(b, t, c.num_key_value_heads, c.head_dim).transpose(1, 2)
-        q, k = rotate(q, positions, c.rope_theta), rotate(k, positions, c.rope_theta)
-        groups = c.num_attention_heads // c.num_key_value_heads
-        k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
+        q, k, v = self._project(x, positions)
         if past is not None:
             k, v = torch.cat([past[0], k], dim=2), torch.cat([past[1], v], dim=2)
         seen = k.shape[2] - t
