@@ -55,9 +55,11 @@ def next_token_labels(logits: torch.Tensor, topk: int, rows: int = 64):
     """
     entropy, values, indices = [], [], []
     for part in logits.float().split(rows):
-        log_normalizer = torch.logsumexp(part, dim=-1, keepdim=True)
-        probs = torch.exp(part - log_normalizer)
-        entropy.append(log_normalizer[:, 0] - (probs * part).sum(-1))
+        peak = part.max(dim=-1, keepdim=True).values
+        weights = torch.exp(part - peak)  # one exponential pass serves both sums
+        total = weights.sum(-1, keepdim=True)
+        log_normalizer = peak + torch.log(total)
+        entropy.append(log_normalizer[:, 0] - (weights * part).sum(-1) / total[:, 0])
         top_values, top_indices = part.topk(topk, dim=-1)
         values.append(top_values - log_normalizer)
         indices.append(top_indices)
