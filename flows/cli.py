@@ -217,6 +217,23 @@ def _run_evaluate(args) -> dict:
     return result
 
 
+def _verify_parser(sub) -> None:
+    p = sub.add_parser("verify", help="check a store: checksums, NaN/inf, consistency, missing shards")
+    p.add_argument("--store", default="layerwave.zarr")
+    p.add_argument("--model", help="one model's group (default: every model in the store)")
+    p.add_argument("--repair", action="store_true", help="un-commit damaged shards so `extract` rewrites them")
+
+
+def _run_verify(args) -> dict:
+    from store.verify import verify
+
+    sound, lines = verify(args.store, args.model, args.repair)
+    print("\n".join(lines))
+    if not sound:
+        raise LayerwaveError(f"store {args.store} is not sound (see above)")
+    return {"sound": sound, "report": lines}
+
+
 def _run_models(args) -> dict:
     from tasks.registry import registry
 
@@ -252,9 +269,10 @@ def main(argv: list[str] | None = None) -> int:
     _select_parser(sub)
     _train_parser(sub)
     _evaluate_parser(sub)
+    _verify_parser(sub)
     sub.add_parser("models", help="list the built-in models")
     args = parser.parse_args(argv)
-    runners = {"extract": _run_extract, "analyze": _run_analyze, "select": _run_select, "train": _run_train, "evaluate": _run_evaluate, "models": _run_models}
+    runners = {"extract": _run_extract, "analyze": _run_analyze, "select": _run_select, "train": _run_train, "evaluate": _run_evaluate, "verify": _run_verify, "models": _run_models}
     try:
         summary = runners[args.command](args)
     except LayerwaveError as err:

@@ -1,0 +1,107 @@
+"""Check a store end to end: schema, every committed shard readable (checksums) and finite,
+per-token arrays consistent, and which shards are still missing."""
+
+from __future__ import annotations
+
+import numpy as np
+import zarr
+
+from store import commit, schema
+from store.access import check_schema
+from store.dtypes import decode
+from store.layout import Layout
+
+SHARD_ARRAYS = (schema.HIDDEN_STATES, schema.ENTROPY, schema.TOPK_IDS, schema.TOPK_LOGPROBS)
+
+
+def model_keys(store: str) -> list[str]:
+    root = zarr.open_group(store, mode="r", use_consolidated=False)
+    return sorted(name for name, group in root.groups() if schema.ACTIVATIONS in group)
+
+
+def verify_model(store: str, model_key: str) -> tuple[list[str], list[int]]:
+    """(problems, shards to re-extract) for one model's activations."""
+    group = zarr.open_group(store, path=schema.activations_path(model_key), mode="r", use_consolidated=False)
+    if "plan_hash" not in group.attrs:
+        return [f"{model_key}: the template was never finished; re-run the extraction"], []
+    layout = Layout(**group.attrs["layout"])
+    problems = _token_problems(group, layout, model_key)
+    bad, committed = [], commit.committed(group)
+    for shard in np.flatnonzero(committed):
+        start, stop = layout.shard_range(int(shard))
+        for name in SHARD_ARRAYS:
+            try:
+                values = group[name][start:stop] if name != schema.HIDDEN_STATES else \
+                    decode(group[name][:, start:stop], layout.storage_dtype)
+            except Exception as err:  # a codec's checksum or decompression error names no array
+                problems.append(f"{model_key}: {name} shard {shard} (tokens {start}..{stop - 1}) is unreadable: {err}")
+                bad.append(int(shard))
+                break
+            if values.dtype.kind == "f" and not np.isfinite(values).all():
+                problems.append(f"{model_key}: {name} shard {shard} (tokens {start}..{stop - 1}) holds NaN or inf")
+                bad.append(int(shard))
+                break
+    missing = [int(s) for s in np.flatnonzero(~committed)]
+    if missing:
+        problems.append(f"{model_key}: shards {missing} are not committed (an extraction was interrupted)")
+    return problems, bad
+
+
+def _token_problems(group: zarr.Group, layout: Layout, key: str) -> list[str]:
+    problems = []
+    for name in (schema.TOKEN_ID, schema.DOC, schema.POSITION, schema.LOSS_MASK, schema.TOKEN):
+        if group[name].shape != (layout.n_tokens,):
+            problems.append(f"{key}: {name} has shape {group[name].shape}, expected ({layout.n_tokens},)")
+    if problems:
+        return problems
+    if not np.array_equal(group[schema.LAYER][:], np.arange(layout.n_layers)):
+        problems.append(f"{key}: the layer coordinate is not 0..{layout.n_layers - 1}")
+    if not np.array_equal(group[schema.TOKEN][:], np.arange(layout.n_tokens)):
+        problems.append(f"{key}: the token coordinate is not 0..{layout.n_tokens - 1}")
+    doc, position = group[schema.DOC][:], group[schema.POSITION][:]
+    starts = np.concatenate([[True], np.diff(doc) != 0])
+    expected = np.arange(len(doc)) - np.maximum.accumulate(np.where(starts, np.arange(len(doc)), 0))
+    if np.any(np.diff(doc) < 0) or not np.array_equal(position, expected):
+        problems.append(f"{key}: doc/position are inconsistent (documents must be contiguous, positions 0, 1, ...)")
+    return problems
+
+
+def uncommit(store: str, model_key: str, shards: list[int]) -> None:
+    """Mark damaged shards for rewriting: the next extraction with the same arguments redoes them."""
+    group = zarr.open_group(store, path=schema.activations_path(model_key), mode="r+", use_consolidated=False)
+    for shard in shards:
+        group[schema.SHARD_COMMITTED][shard] = False
+    group.attrs["complete"] = False
+
+
+def extract_command(store: str, model_key: str) -> str:
+    """The `layerwave extract` command line that resumes this model's extraction."""
+    attrs = zarr.open_group(store, path=schema.activations_path(model_key), mode="r", use_consolidated=False).attrs
+    corpus, extraction, layout = attrs["corpus"], attrs["extraction"], attrs["layout"]
+    return (f"layerwave extract --model {attrs['model']['argument']} --corpus {corpus['spec']} "
+            f"--tokens {corpus['tokens_requested']} --seed {corpus['seed']} --max-length {corpus['max_length']} "
+            f"--topk {extraction['topk']} --dtype {extraction['dtype']} "
+            f"--storage-dtype {extraction['storage_dtype_requested']} --tokens-per-chunk {layout['tokens_per_chunk']} "
+            f"--chunks-per-shard {layout['chunks_per_shard']} --store {store}")
+
+
+def verify(store: str, model: str | None = None, repair: bool = False) -> tuple[bool, list[str]]:
+    """(sound, report lines). With `repair`, damaged shards are un-committed for re-extraction."""
+    check_schema(store)
+    keys = [model] if model else model_keys(store)
+    lines, sound = [], True
+    for key in keys:
+        problems, bad = verify_model(store, key)
+        if not problems:
+            lines.append(f"{key}: sound")
+            continue
+        sound = False
+        lines += problems
+        if bad and repair:
+            uncommit(store, key, bad)
+            lines.append(f"{key}: shards {bad} marked for rewriting")
+        if bad and not repair:
+            lines.append(f"{key}: to repair, run `layerwave verify --store {store} --model {key} --repair`, then:")
+        if bad or any("not committed" in p for p in problems):
+            lines.append(f"  {extract_command(store, key)}")
+    return sound, lines
