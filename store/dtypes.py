@@ -18,9 +18,13 @@ ZARR_DTYPE = {"float16": "float16", "bfloat16": "uint16", "float32": "float32"}
 
 
 def encode(hidden: torch.Tensor, storage_dtype: str) -> np.ndarray:
-    """Convert hidden states to the array written to Zarr, refusing to store inf or overflow."""
-    if not torch.isfinite(hidden).all():
-        raise LayerwaveError("hidden states contain NaN or inf; try --dtype float32")
+    """Convert hidden states (layers, tokens, hidden) to the array written to Zarr, refusing to
+    store NaN, inf or a float16 overflow."""
+    finite = torch.isfinite(hidden)
+    if not finite.all():
+        where = f" (first at layer {int(torch.nonzero(~finite)[0, 0])})" if hidden.dim() == 3 else ""
+        raise LayerwaveError(f"the model produced NaN/inf hidden states{where}; try --dtype float32, "
+                             "and check the checkpoint")
     if storage_dtype == "float16":
         peak = float(hidden.abs().max()) if hidden.numel() else 0.0
         if peak > FLOAT16_MAX:

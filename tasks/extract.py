@@ -146,6 +146,7 @@ def _probe_peak(loaded, plan: TokenPlan, request: ExtractRequest) -> float:
         return 0.0
     stop = min(documents_in(plan.doc)[0][1], 512)
     outputs = forward_shard(loaded.model, loaded.device, plan.token_id[:stop], [(0, stop)], stop, 1)
+    encode(outputs.hidden, "float32")  # refuses NaN/inf before anything is written
     return float(outputs.hidden.abs().max())
 
 

@@ -35,7 +35,7 @@ def test_bfloat16_model_is_stored_losslessly(tmp_path, corpus, tiny):
 def test_float16_overflow_and_nonfinite_values_are_refused():
     with pytest.raises(LayerwaveError, match="beyond float16's range"):
         encode(torch.tensor([1.0, 7e4]), "float16")
-    with pytest.raises(LayerwaveError, match="NaN or inf"):
+    with pytest.raises(LayerwaveError, match="NaN/inf hidden states; try --dtype float32"):
         encode(torch.tensor([1.0, float("inf")]), "bfloat16")
     values = torch.tensor([1e5, -3.5, 0.0])
     np.testing.assert_array_equal(decode(encode(values, "bfloat16"), "bfloat16"), values.bfloat16().float().numpy())
