@@ -3,6 +3,8 @@ per-token arrays consistent, and which shards are still missing."""
 
 from __future__ import annotations
 
+import shlex
+
 import numpy as np
 import zarr
 
@@ -78,11 +80,12 @@ def extract_command(store: str, model_key: str) -> str:
     """The `layerwave extract` command line that resumes this model's extraction."""
     attrs = zarr.open_group(store, path=schema.activations_path(model_key), mode="r", use_consolidated=False).attrs
     corpus, extraction, layout = attrs["corpus"], attrs["extraction"], attrs["layout"]
-    return (f"layerwave extract --model {attrs['model']['argument']} --corpus {corpus['spec']} "
-            f"--tokens {corpus['tokens_requested']} --seed {corpus['seed']} --max-length {corpus['max_length']} "
-            f"--topk {extraction['topk']} --dtype {extraction['dtype']} "
-            f"--storage-dtype {extraction['storage_dtype_requested']} --tokens-per-chunk {layout['tokens_per_chunk']} "
-            f"--chunks-per-shard {layout['chunks_per_shard']} --store {store}")
+    arguments = {"model": attrs["model"]["argument"], "corpus": corpus["spec"], "tokens": corpus["tokens_requested"],
+                 "seed": corpus["seed"], "max-length": corpus["max_length"], "topk": extraction["topk"],
+                 "dtype": extraction["dtype"], "storage-dtype": extraction["storage_dtype_requested"],
+                 "tokens-per-chunk": layout["tokens_per_chunk"], "chunks-per-shard": layout["chunks_per_shard"],
+                 "store": store}
+    return "layerwave extract " + " ".join(f"--{name} {shlex.quote(str(value))}" for name, value in arguments.items())
 
 
 def verify(store: str, model: str | None = None, repair: bool = False) -> tuple[bool, list[str]]:

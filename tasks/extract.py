@@ -83,8 +83,10 @@ def prepare_store(request: ExtractRequest) -> dict:
     chunks_per_shard = request.chunks_per_shard or default_shard
     plan = plan_tokens(loaded.tokenizer, conversations, tokens=request.tokens, max_length=request.max_length,
                        shard_tokens=tokens_per_chunk * chunks_per_shard, seed=request.seed)
-    identity = {k: v for k, v in asdict(request).items() if k not in ("store", "device", "batch_tokens", "overwrite")}
-    identity["provenance"] = loaded.provenance
+    # What fixes the stored values: the resolved chunking, not whether it was given or defaulted.
+    identity = {k: v for k, v in asdict(request).items()
+                if k not in ("store", "device", "batch_tokens", "overwrite", "tokens_per_chunk", "chunks_per_shard")}
+    identity.update(provenance=loaded.provenance, tokens_per_chunk=tokens_per_chunk, chunks_per_shard=chunks_per_shard)
     wanted_hash = plan_hash(plan, identity)
 
     probe_peak = _probe_peak(loaded, plan, request)  # before any write: a NaN model changes nothing

@@ -3,6 +3,7 @@ the commands that repair it; the repaired store equals a clean one."""
 
 from __future__ import annotations
 
+import shlex
 import shutil
 
 import zarr
@@ -56,3 +57,16 @@ def test_verify_lists_uncommitted_shards_with_the_command_that_finishes_them(tmp
     code, out = run_verify(capsys, "--store", str(store))
     assert code == 2 and "shards [2] are not committed" in out
     assert f"layerwave extract --model {TINY} --corpus {corpus} --tokens 600" in out
+
+
+def test_the_printed_resume_command_matches_a_run_that_used_default_chunking(tmp_path, corpus):
+    from store.verify import extract_command
+
+    store = tmp_path / "defaults.zarr"
+    options = extract_options(store, corpus, tokens=300)
+    del options["tokens_per_chunk"], options["chunks_per_shard"]
+    first = extract(**options)
+    command = shlex.split(extract_command(str(store), TINY))[1:]
+    assert main(command) == 0  # the explicit chunking it prints is the same plan: nothing to redo
+    again = zarr.open_group(store, path=f"{TINY}/activations", mode="r").attrs["plan_hash"]
+    assert again == first["plan_hash"]
