@@ -31,7 +31,7 @@ from flows.extract import extract  # noqa: E402
 from store import schema  # noqa: E402
 from store.layout import Layout  # noqa: E402
 from tasks import load_model  # noqa: E402
-from tasks.forward import batches  # noqa: E402
+from tasks.forward import batches, padded_batch  # noqa: E402
 from tasks.plan import documents_in  # noqa: E402
 
 
@@ -45,12 +45,7 @@ def bare_forward_seconds(loaded, token_id: np.ndarray, doc: np.ndarray, layout: 
     for shard in range(layout.n_shards):
         start, stop = layout.shard_range(shard)
         for group in batches(documents_in(doc[start:stop]), batch_tokens):
-            width = max(b - a for a, b in group)
-            ids = torch.zeros((len(group), width), dtype=torch.long)
-            mask = torch.zeros_like(ids)
-            for row, (a, b) in enumerate(group):
-                ids[row, : b - a] = torch.from_numpy(token_id[start + a: start + b].astype(np.int64))
-                mask[row, : b - a] = 1
+            ids, mask = padded_batch(token_id[start:stop], group)
             began = time.perf_counter()
             with torch.inference_mode():
                 loaded.model(input_ids=ids.to(loaded.device), attention_mask=mask.to(loaded.device),

@@ -169,11 +169,12 @@ def _train_parser(sub) -> None:
 def _run_train(args) -> dict:
     from flows.train import check_request
     from store.read import open_activations
+    from tasks.layer_ids import eagle3_default
     from tasks.registry import store_key
 
     key = store_key(args.model)
     n_layers = open_activations(args.store, key).sizes["layer"]
-    layers = _layer_list(args.layers) if args.layers is not None else [2, (n_layers - 1) // 2, n_layers - 4]
+    layers = _layer_list(args.layers) if args.layers is not None else eagle3_default(n_layers - 1) or []
     check_request(args.store, key, layers, args.preset, args.format)
     _configure_logging()
     from flows.train import train_head

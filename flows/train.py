@@ -13,7 +13,7 @@ from store.errors import LayerwaveError
 from store.read import open_activations
 from tasks.export_head import FORMATS, export
 from tasks.registry import store_key
-from tasks.layer_ids import check_layers
+from tasks.layer_ids import check_layers, eagle3_default
 from tasks.train_head import preset, train
 
 
@@ -57,7 +57,7 @@ def train_head(model: str = "smollm2-135m", store: str = "layerwave.zarr", layer
     key = store_key(model)
     ds = open_activations(store, key)
     n = ds.sizes["layer"] - 1
-    layers = list(layers) if layers is not None else [2, n // 2, n - 3]
+    layers = list(layers) if layers is not None else eagle3_default(n) or []
     check_request(store, key, layers, preset_name, fmt)
     out = out or str(Path(store).with_name(Path(store).stem + ".heads") / key / "-".join(map(str, layers)))
     verifier = ds.attrs["model"].get("argument", key)

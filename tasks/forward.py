@@ -65,6 +65,17 @@ def next_token_labels(logits: torch.Tensor, topk: int, rows: int = 64):
     return torch.cat(entropy), torch.cat(values), torch.cat(indices)
 
 
+def padded_batch(token_id: np.ndarray, group: list[tuple[int, int]]) -> tuple[torch.Tensor, torch.Tensor]:
+    """(input_ids, attention_mask) of documents (offsets into `token_id`), right-padded."""
+    width = max(stop - start for start, stop in group)
+    input_ids = torch.zeros((len(group), width), dtype=torch.long)
+    attention = torch.zeros((len(group), width), dtype=torch.long)
+    for row, (start, stop) in enumerate(group):
+        input_ids[row, : stop - start] = torch.from_numpy(token_id[start:stop].astype(np.int64))
+        attention[row, : stop - start] = 1
+    return input_ids, attention
+
+
 @torch.inference_mode()
 def forward_shard(model, device: torch.device, token_id: np.ndarray, documents, batch_tokens: int, topk: int) -> ShardOutputs:
     """Run the model over a shard's documents (offsets into `token_id`) and gather its outputs."""
@@ -75,12 +86,7 @@ def forward_shard(model, device: torch.device, token_id: np.ndarray, documents, 
     topk_ids = np.empty((n_tokens, topk), dtype=np.int32)
     topk_logprobs = np.empty((n_tokens, topk), dtype=np.float32)
     for group in batches(documents, batch_tokens):
-        width = max(stop - start for start, stop in group)
-        input_ids = torch.zeros((len(group), width), dtype=torch.long)
-        attention = torch.zeros((len(group), width), dtype=torch.long)
-        for row, (start, stop) in enumerate(group):
-            input_ids[row, : stop - start] = torch.from_numpy(token_id[start:stop].astype(np.int64))
-            attention[row, : stop - start] = 1
+        input_ids, attention = padded_batch(token_id, group)
         out = model(input_ids=input_ids.to(device), attention_mask=attention.to(device), output_hidden_states=True)
         for row, (start, stop) in enumerate(group):
             n = stop - start

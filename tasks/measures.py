@@ -86,11 +86,17 @@ def aggregate_covariance(block, layers: list[int], weights: np.ndarray) -> np.nd
     return np.block(rows)
 
 
+def h2_closed_form(cka: np.ndarray, h2: np.ndarray, subsets: np.ndarray) -> np.ndarray:
+    """H_2 of trace-normalised concatenations, for many equal-size subsets (S, k) at once:
+    2 ln k − ln Σ_{l,m∈S} CKA_lm √(π_l π_m), π = e^{−H_2}."""
+    root_pi = np.exp(-h2 / 2)
+    weighted = cka * np.outer(root_pi, root_pi)
+    total = weighted[subsets[:, :, None], subsets[:, None, :]].sum(axis=(1, 2))
+    return 2 * np.log(subsets.shape[1]) - np.log(total)
+
+
 def h2_subset_closed_form(cka: np.ndarray, h2: np.ndarray, layers) -> float:
-    """H_2 of a trace-normalised concatenation: 2 ln|S| − ln Σ_{l,m∈S} CKA_lm √(π_l π_m), π = e^{−H_2}."""
-    index = np.asarray(layers)
-    root_pi = np.exp(-h2[index] / 2)
-    return float(2 * np.log(len(index)) - np.log(root_pi @ cka[np.ix_(index, index)] @ root_pi))
+    return float(h2_closed_form(cka, h2, np.asarray(layers, dtype=np.int64)[None])[0])
 
 
 def h2_all_subsets(cka: np.ndarray, h2: np.ndarray, layers, k: int) -> tuple[np.ndarray, np.ndarray]:
@@ -98,7 +104,4 @@ def h2_all_subsets(cka: np.ndarray, h2: np.ndarray, layers, k: int) -> tuple[np.
     from itertools import combinations
 
     subsets = np.array(list(combinations(layers, k)), dtype=np.int64).reshape(-1, k)
-    root_pi = np.exp(-h2 / 2)
-    weighted = cka * np.outer(root_pi, root_pi)
-    total = weighted[subsets[:, :, None], subsets[:, None, :]].sum(axis=(1, 2))
-    return subsets, 2 * np.log(k) - np.log(total)
+    return subsets, h2_closed_form(cka, h2, subsets)

@@ -14,6 +14,7 @@ import numpy as np
 
 from store.errors import LayerwaveError
 from tasks.layer_ids import eagle3_default
+from tasks.measures import h2_closed_form
 
 METHODS = ("entropy-topk", "aggregate-entropy", "cka-mrmr", "cka-logdet")
 BASELINES = ("eagle3-default", "even", "last-k", "random")
@@ -66,12 +67,8 @@ class Candidate:
     scores: dict = field(default_factory=dict)
 
 
-def h2_closed_form(scores: LayerScores, subsets: np.ndarray) -> np.ndarray:
-    """H_2 of trace-normalised concatenations for many subsets at once (DESIGN.md closed form)."""
-    root_pi = np.exp(-scores.h2 / 2)
-    weighted = scores.cka * np.outer(root_pi, root_pi)
-    total = weighted[subsets[:, :, None], subsets[:, None, :]].sum(axis=(1, 2))
-    return 2 * np.log(subsets.shape[1]) - np.log(total)
+def h2_sets(scores: LayerScores, subsets: np.ndarray) -> np.ndarray:
+    return h2_closed_form(scores.cka, scores.h2, subsets)
 
 
 def feasible_subsets(c: Constraints, n_layers: int) -> np.ndarray | None:
@@ -126,7 +123,7 @@ def aggregate_entropy(scores: LayerScores, c: Constraints, n_layers: int,
     subsets = feasible_subsets(c, n_layers)
     if subsets is None:
         subsets = _beam(scores, c, n_layers)
-    h2 = h2_closed_form(scores, subsets)
+    h2 = h2_sets(scores, subsets)
     shortlist = subsets[np.argsort(-h2, kind="stable")[:SHORTLIST]]
     return max((s.tolist() for s in shortlist), key=exact_h1)
 
@@ -139,7 +136,7 @@ def _beam(scores: LayerScores, c: Constraints, n_layers: int, width: int = 32) -
         if not grown:
             raise LayerwaveError(f"no valid set of {c.k} layers with --min-gap {c.min_gap}; lower it")
         grown_array = np.asarray(sorted(grown), dtype=np.int64)
-        best = np.argsort(-h2_closed_form(scores, grown_array), kind="stable")[:width]
+        best = np.argsort(-h2_sets(scores, grown_array), kind="stable")[:width]
         beams = [grown_array[i].tolist() for i in best]
     return np.asarray(beams, dtype=np.int64)
 
@@ -172,7 +169,7 @@ def score(scores: LayerScores, layers: list[int], exact_h1: Callable[[list[int]]
     index = np.asarray(layers)
     pairs = [scores.cka[a, b] for a, b in combinations(layers, 2)]
     return {"aggregate_h1": float(exact_h1(layers)),
-            "aggregate_h2": float(h2_closed_form(scores, index[None])[0]),
+            "aggregate_h2": float(h2_sets(scores, index[None])[0]),
             "mean_entropy": float(scores.h1[index].mean()),
             "mean_pairwise_cka": float(np.mean(pairs)) if pairs else 0.0}
 

@@ -27,6 +27,7 @@ class HeadDrafter:
         self.past = None  # (k, v) over committed pairs
         self.hidden = None  # the head's output at the last committed pair
         self.length = 0  # committed pairs = next pair's position
+        self.targets = torch.arange(head.config.draft_vocab_size) + head.d2t  # draft id → target id
 
     @torch.no_grad()
     def observe(self, aux: torch.Tensor, next_tokens: torch.Tensor) -> None:
@@ -40,7 +41,7 @@ class HeadDrafter:
         """Draft `depth` target-vocabulary tokens after the last committed pair (cache left as it
         was), with the draft's distribution over the target vocabulary for each when sampling."""
         hidden, past, tokens, distributions = self.hidden, self.past, [], []
-        targets = torch.arange(self.head.config.draft_vocab_size) + self.head.d2t
+        targets = self.targets
         for step in range(depth):
             logits = self.head.logits(hidden)[0, -1].float()
             if temperature > 0:

@@ -17,6 +17,7 @@ import zarr
 from store import schema
 from store.dtypes import decode
 from store.layout import Layout
+from tasks.plan import documents_in
 
 
 @dataclass
@@ -48,23 +49,21 @@ class StoreBatches:
         self.group = zarr.open_group(store, path=schema.activations_path(model_key), mode="r", use_consolidated=False)
         self.layout = Layout(**self.group.attrs["layout"])
         self.layers, self.seq_len, self.batch_size, self.seed = list(layers), seq_len, batch_size, seed
-        doc = self.group[schema.DOC][:]
-        self.n_docs = int(doc.max()) + 1 if len(doc) else 0
+        self.doc = self.group[schema.DOC][:]  # read once: every epoch's plan splits it again
+        self.n_docs = int(self.doc.max()) + 1 if len(self.doc) else 0
         self.heldout_docs = heldout_documents(self.n_docs, holdout, seed)
         self.storage_dtype = self.group[schema.HIDDEN_STATES].attrs.get("storage_dtype", "float32")
 
     def windows(self, shard: int, heldout: bool) -> list[tuple[int, int]]:
         """(start, stop) store token ranges of this shard's windows in the chosen split."""
         start, stop = self.layout.shard_range(shard)
-        doc = self.group[schema.DOC][start:stop]
+        doc = self.doc[start:stop]
         out = []
-        cuts = np.flatnonzero(np.diff(doc)) + 1
-        for a, b in zip(np.concatenate([[0], cuts]), np.concatenate([cuts, [len(doc)]])):
+        for a, b in documents_in(doc):
             if self.heldout_docs[doc[a]] != heldout:
                 continue
-            for w in range(a, b, self.seq_len):
-                if min(w + self.seq_len, b) - w >= 2:
-                    out.append((start + int(w), start + int(min(w + self.seq_len, b))))
+            out += [(start + w, start + min(w + self.seq_len, b)) for w in range(a, b, self.seq_len)
+                    if min(w + self.seq_len, b) - w >= 2]
         return out
 
     def plan(self, epoch: int, heldout: bool = False) -> list[tuple[int, list[tuple[int, int]]]]:

@@ -11,7 +11,6 @@ from typing import Callable
 
 import numpy as np
 import torch
-import zarr
 
 from store import schema
 from store.errors import LayerwaveError
@@ -48,15 +47,14 @@ PRESETS = {
 
 
 
-def build_head(store: str, model_key: str, layers: list[int], config: TrainConfig) -> DraftHead:
-    """A fresh head: target embeddings copied in, draft vocabulary from loss-masked training tokens."""
-    group = zarr.open_group(store, path=schema.activations_path(model_key), mode="r", use_consolidated=False)
+def build_head(data: StoreBatches, config: TrainConfig) -> DraftHead:
+    """A fresh head for `data`'s layers: target embeddings copied in, draft vocabulary from the
+    loss-masked tokens of the training documents."""
+    group, layers = data.group, data.layers
     target = load_model.load(group.attrs["model"]["argument"], "cpu", group.attrs["extraction"]["dtype"])
     vocab = target.model.config.vocab_size
-    data = StoreBatches(store, model_key, layers, seq_len=config.seq_len, batch_size=config.batch_size,
-                        seed=config.seed, holdout=config.holdout)
-    token_id, doc, mask = group[schema.TOKEN_ID][:], group[schema.DOC][:], group[schema.LOSS_MASK][:]
-    training = mask & ~data.heldout_docs[doc]
+    token_id, mask = group[schema.TOKEN_ID][:], group[schema.LOSS_MASK][:]
+    training = mask & ~data.heldout_docs[data.doc]
     counts = torch.from_numpy(np.bincount(token_id[training], minlength=vocab))
     torch.manual_seed(config.seed)
     head = DraftHead(DraftConfig.from_target(target.model.config, layers, min(config.draft_vocab_size, vocab)))
@@ -104,7 +102,7 @@ def train(store: str, model_key: str, layers: list[int], out: Path, config: Trai
     total = per_epoch * config.epochs
     source = data.group.attrs["plan_hash"]
     checkpoint = out / "checkpoint.pt"
-    head = build_head(store, model_key, layers, config)
+    head = build_head(data, config)
     optimizer = torch.optim.AdamW([p for p in head.parameters() if p.requires_grad], lr=config.lr,
                                   weight_decay=config.weight_decay)
     step, history, untrained = 0, [], None
