@@ -15,7 +15,7 @@ from prefect.cache_policies import NO_CACHE
 from store.access import consolidate
 from store.read import open_activations
 from store.stats_store import open_stats, stats_path
-from tasks.analysis import ANALYSIS, layer_measures, set_entropy, set_h2_closed_form
+from tasks.analysis import ANALYSIS, measures_current, set_entropy, set_h2_closed_form, write_measures
 from tasks.layer_ids import eagle3_default
 from tasks.registry import store_key
 from tasks.plots import plot_cka, plot_entropy_vs_depth, reports_dir
@@ -65,25 +65,31 @@ def _dask_client(address: str | None):
 
 @task(name="compute-measures", cache_policy=NO_CACHE)
 def measures_task(store: str, model_key: str, filter_keys: list[str], alphas: list[float]) -> list[str]:
-    """Write `<model>/analysis/<filter>` Datasets; returns their group paths."""
-    paths = []
-    for key in filter_keys:
-        path = f"{model_key}/{ANALYSIS}/{key}"
-        layer_measures(store, model_key, key, alphas).to_zarr(store, group=path, mode="w", consolidated=False)
-        paths.append(path)
-    consolidate(store)
-    return paths
+    """Write the `<model>/analysis/<filter>` Datasets that are missing or stale; returns the
+    filters computed (none when every analysis is current)."""
+    stale = [key for key in filter_keys if not measures_current(store, model_key, key, alphas)]
+    for key in stale:
+        write_measures(store, model_key, key, alphas)
+    if stale:
+        consolidate(store)
+    else:
+        get_run_logger().info("analyses %s are current", ", ".join(filter_keys))
+    return stale
 
 
 @task(name="plot-analysis", cache_policy=NO_CACHE)
-def plots_task(store: str, model_key: str, filter_keys: list[str], asked: str) -> list[str]:
+def plots_task(store: str, model_key: str, filter_keys: list[str], asked: str, changed: bool) -> list[str]:
+    """The PNGs beside the store; redrawn only when an analysis changed or a file is missing."""
     import xarray as xr
 
-    measures = {key: xr.open_zarr(store, group=f"{model_key}/{ANALYSIS}/{key}", consolidated=False).load()
-                for key in filter_keys}
     folder = reports_dir(store, model_key)
-    return [str(plot_entropy_vs_depth(measures, folder / "entropy_vs_depth.png", f"{model_key}: entropy vs depth")),
-            str(plot_cka(measures[asked], folder / f"cka_{asked}.png", f"{model_key}: layer similarity"))]
+    paths = [folder / "entropy_vs_depth.png", folder / f"cka_{asked}.png"]
+    if changed or not all(path.exists() for path in paths):
+        measures = {key: xr.open_zarr(store, group=f"{model_key}/{ANALYSIS}/{key}", consolidated=False).load()
+                    for key in filter_keys}
+        plot_entropy_vs_depth(measures, paths[0], f"{model_key}: entropy vs depth")
+        plot_cka(measures[asked], paths[1], f"{model_key}: layer similarity")
+    return [str(path) for path in paths]
 
 
 @flow(name="layerwave-analyze")
@@ -108,9 +114,10 @@ def analyze(
     stats = accumulate_task(store, key, filters, config)
     filter_keys = [f.key for f in filters]
     asked = filter_keys[-1]
-    measures_task(store, key, filter_keys, alphas or [1.0, 2.0])
-    plots = plots_task(store, key, filter_keys, asked)
-    return report(store, key, asked, stats["tokens_kept"], sets, plots)
+    computed = measures_task(store, key, filter_keys, alphas or [1.0, 2.0])
+    plots = plots_task(store, key, filter_keys, asked, bool(computed))
+    return {**report(store, key, asked, stats["tokens_kept"], sets, plots),
+            "computed": {"statistics": stats["computed"], "measures": computed}}
 
 
 def report(store: str, model_key: str, asked: str, tokens_kept: dict, sets, plots: list[str]) -> dict:

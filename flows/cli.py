@@ -7,6 +7,7 @@ import json
 import logging
 import os
 import sys
+import traceback
 
 from store.errors import LayerwaveError
 
@@ -236,20 +237,98 @@ def _run_verify(args) -> dict:
 
 
 def _run_models(args) -> dict:
-    from tasks.registry import registry
+    from tasks.registry import add_model, registry, user_registry
 
+    if args.action == "add":
+        if not args.name or not args.source:
+            raise LayerwaveError("usage: layerwave models add NAME --source hf:PATH [--description TEXT]")
+        entry = add_model(args.name, args.source, args.description or "")
+        from tasks.events import emit_model_added
+
+        announced = emit_model_added(args.name)
+        print(f"added {args.name} ({entry['path']}) to {user_registry()}"
+              + ("; announced to Prefect (deployments with a model-added trigger will run it)" if announced else ""))
+        return {"model": args.name, **entry, "event_emitted": announced}
     for model_id, entry in sorted(registry().items()):
         print(f"{model_id:20s} {entry.get('description', '')}")
-    return {}
+    return {"models": sorted(registry())}
+
+
+def _models_parser(sub) -> None:
+    p = sub.add_parser("models", help="list the registered models, or add one (emits a Prefect event)")
+    p.add_argument("action", nargs="?", choices=["list", "add"], default="list")
+    p.add_argument("name", nargs="?", help="for add: the id to register (names the store group)")
+    p.add_argument("--source", help="for add: hf:PATH, a Hugging Face checkpoint directory")
+    p.add_argument("--description")
+
+
+def _pipeline_parser(sub) -> None:
+    p = sub.add_parser("run", help="the whole pipeline for one model: extract, analyze, select, train, evaluate, "
+                                   "report (re-runs skip finished stages)")
+    p.add_argument("--model", default="smollm2-135m")
+    p.add_argument("--preset", default="quick", help="smoke (tiny model, seconds), quick (CPU, ~20 min), "
+                                                     "study (the published comparison, hours), full (GPU)")
+    p.add_argument("--store", help="Zarr store (default: the preset's, e.g. layerwave.zarr for quick)")
+    p.add_argument("--limit", type=int, help="train and evaluate at most this many candidate sets")
+    p.add_argument("--json", help="write the run summary to this file")
+    s = sub.add_parser("sweep", help="run the pipeline for every registered model without a complete result")
+    s.add_argument("--preset", default="quick")
+    s.add_argument("--store")
+    s.add_argument("--model", action="append", help="only these models (repeatable)")
+    r = sub.add_parser("report", help="regenerate a model's Markdown report from the store and evaluations")
+    r.add_argument("--model", default="smollm2-135m")
+    r.add_argument("--preset", default="quick")
+    r.add_argument("--store")
+    r.add_argument("--json", help="write the result rows and rank correlations to this file")
+
+
+def _run_pipeline(args) -> dict:
+    from tasks.pipeline_presets import pipeline_preset
+    from tasks.registry import resolve
+
+    pipeline_preset(args.preset)
+    resolve(args.model)
+    if args.limit is not None and args.limit < 1:
+        raise LayerwaveError(f"--limit must be at least 1 (got {args.limit})")
+    _configure_logging()
+    from flows.pipeline import pipeline
+
+    summary = pipeline(model=args.model, preset=args.preset, store=args.store, limit=args.limit)
+    print(f"report: {summary['report']}")
+    return summary
+
+
+def _run_sweep(args) -> dict:
+    _configure_logging()
+    from flows.pipeline import sweep
+
+    summary = sweep(preset=args.preset, store=args.store, models=args.model)
+    print(f"ran: {', '.join(summary['ran']) or 'nothing (every model is complete)'}")
+    return summary
+
+
+def _run_report(args) -> dict:
+    _configure_logging()
+    from flows.report import report
+
+    summary = report(model=args.model, preset=args.preset, store=args.store)
+    print(open(summary["path"]).read())
+    return summary
 
 
 class _NoTracebackForUserErrors(logging.Filter):
-    """Prefect logs a failed run's traceback; for a LayerwaveError the message alone says it all."""
+    """Prefect logs a failed run's traceback; for a LayerwaveError the message alone says it all,
+    unless `--debug` asks for it. Bugs (any other exception) always keep their traceback."""
+
+    debug = False  # set by main() for each command, since the filter outlives one command in-process
 
     def filter(self, record: logging.LogRecord) -> bool:
-        if record.exc_info and isinstance(record.exc_info[1], LayerwaveError):
+        if not self.debug and record.exc_info and isinstance(record.exc_info[1], LayerwaveError):
             record.exc_info, record.exc_text = None, None
         return True
+
+
+_USER_ERROR_FILTER = _NoTracebackForUserErrors()  # one instance, so repeated setups add it once
 
 
 def _configure_logging() -> None:
@@ -257,13 +336,15 @@ def _configure_logging() -> None:
 
     setup_logging()
     for handler in logging.getLogger().handlers:
-        handler.addFilter(_NoTracebackForUserErrors())
+        handler.addFilter(_USER_ERROR_FILTER)
 
 
 def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     os.environ.setdefault("DO_NOT_TRACK", "1")
     parser = argparse.ArgumentParser(prog="layerwave", description=__doc__)
+    debug_help = "show the full traceback of any error (user errors print one line without it)"
+    parser.add_argument("--debug", action="store_true", help=debug_help)
     sub = parser.add_subparsers(dest="command", required=True)
     _extract_parser(sub)
     _analyze_parser(sub)
@@ -271,12 +352,20 @@ def main(argv: list[str] | None = None) -> int:
     _train_parser(sub)
     _evaluate_parser(sub)
     _verify_parser(sub)
-    sub.add_parser("models", help="list the built-in models")
+    _models_parser(sub)
+    _pipeline_parser(sub)
+    for command in sub.choices.values():  # --debug also after the command; SUPPRESS keeps the main one
+        command.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=debug_help)
     args = parser.parse_args(argv)
-    runners = {"extract": _run_extract, "analyze": _run_analyze, "select": _run_select, "train": _run_train, "evaluate": _run_evaluate, "verify": _run_verify, "models": _run_models}
+    debug = _NoTracebackForUserErrors.debug = vars(args).pop("debug")  # runners see only their own options
+    runners = {"extract": _run_extract, "analyze": _run_analyze, "select": _run_select, "train": _run_train,
+               "evaluate": _run_evaluate, "verify": _run_verify, "models": _run_models, "run": _run_pipeline,
+               "sweep": _run_sweep, "report": _run_report}
     try:
         summary = runners[args.command](args)
     except LayerwaveError as err:
+        if debug:
+            traceback.print_exc()
         print(f"layerwave: error: {err}", file=sys.stderr)
         return 2
     if getattr(args, "json", None):

@@ -12,6 +12,7 @@ from store.access import check_schema, consolidate
 from store.errors import LayerwaveError
 from tasks.analysis import ANALYSIS, set_entropy
 from tasks.registry import store_key
+from tasks.stage_key import stage_key
 from tasks.selection import METHODS, Constraints, LayerScores, check_methods, propose
 
 SELECTION = "selection"
@@ -46,11 +47,28 @@ def check_request(store: str, model_key: str, reference: str, constraints: Const
     constraints.allowed(n_layers)
 
 
+def selection_key(store: str, model_key: str, constraints: Constraints, methods: list[str], seed: int,
+                  n_random: int) -> str:
+    """The selection's inputs: every analysis it reads (by their own keys) and the request."""
+    analyses = {key: zarr.open_group(store, path=f"{model_key}/{ANALYSIS}/{key}", mode="r",
+                                     use_consolidated=False).attrs.get("stage_key")
+                for key in analysis_filters(store, model_key)}
+    return stage_key(analyses, constraints, sorted(methods), seed, n_random)
+
+
 @task(name="propose-layer-sets", cache_policy=NO_CACHE)
 def propose_task(store: str, model_key: str, reference: str, constraints: Constraints, methods: list[str],
                  seed: int, n_random: int) -> str:
-    """Write `<model>/selection/<reference>`; returns its group path."""
+    """Write `<model>/selection/<reference>` unless it is current; returns its group path."""
     check_request(store, model_key, reference, constraints, methods)
+    path = f"{model_key}/{SELECTION}/{reference}"
+    key = selection_key(store, model_key, constraints, methods, seed, n_random)
+    try:
+        if zarr.open_group(store, path=path, mode="r", use_consolidated=False).attrs.get("stage_key") == key:
+            get_run_logger().info("selection %s is current", path)
+            return path
+    except (FileNotFoundError, zarr.errors.GroupNotFoundError):
+        pass
     candidates = propose(load_scores(store, model_key, analysis_filters(store, model_key)), reference, constraints, methods,
                          lambda key, layers: set_entropy(store, model_key, key, layers, 1.0), seed, n_random)
     score_names = list(candidates[0].scores)
@@ -63,8 +81,8 @@ def propose_task(store: str, model_key: str, reference: str, constraints: Constr
                else -1, "min_gap": constraints.min_gap, "scored_on_filter": reference, "seed": seed,
                "layer_convention": "HF hidden_states index (see activations attrs)"},
     )
-    path = f"{model_key}/{SELECTION}/{reference}"
     ds.to_zarr(store, group=path, mode="w", consolidated=False)
+    zarr.open_group(store, path=path, mode="r+", use_consolidated=False).attrs["stage_key"] = key  # last: done
     consolidate(store)
     return path
 

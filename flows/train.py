@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 from prefect import flow, get_run_logger, task
@@ -14,6 +15,7 @@ from store.read import open_activations
 from tasks.export_head import FORMATS, export
 from tasks.registry import store_key
 from tasks.layer_ids import check_layers, eagle3_default
+from tasks.stage_key import stage_key
 from tasks.train_head import preset, train
 
 
@@ -32,13 +34,18 @@ def check_request(store: str, model_key: str, layers: list[int], preset_name: st
 
 @task(name="train-draft-head", cache_policy=NO_CACHE)
 def train_task(store: str, model_key: str, layers: list[int], out: str, preset_name: str, seed: int,
-               ttt_steps: int | None, fmt: str, verifier: str) -> dict:
+               ttt_steps: int | None, fmt: str, verifier: str, epochs: int | None = None) -> dict:
     logger = get_run_logger()
-    config = preset(preset_name, seed=seed, ttt_steps=ttt_steps)
+    config = preset(preset_name, seed=seed, ttt_steps=ttt_steps, epochs=epochs)
+    key = stage_key(open_activations(store, model_key).attrs["plan_hash"], layers, config, fmt, verifier)
+    finished = _finished_record(Path(out), key)
+    if finished:
+        logger.info("head %s is already trained from these inputs", out)
+        return finished
     head, record = train(store, model_key, layers, Path(out), config, log=logger.info)
     logger.info("trainable parameters: %d", record["trainable_parameters"])
     export(head, Path(out), fmt, verifier, speculative_tokens=config.ttt_steps)
-    (Path(out) / "training.json").write_text(json.dumps(record, indent=2) + "\n")
+    _write_atomically(Path(out) / "training.json", json.dumps({**record, "stage_key": key}, indent=2) + "\n")
     final = record["final"]
     create_table_artifact(
         key="draft-head-accuracy",
@@ -49,10 +56,25 @@ def train_task(store: str, model_key: str, layers: list[int], out: str, preset_n
     return record
 
 
+def _finished_record(out: Path, key: str) -> dict | None:
+    """The training record of a finished, exported head made from the same inputs, else None."""
+    try:
+        record = json.loads((out / "training.json").read_text())
+    except (FileNotFoundError, json.JSONDecodeError):
+        return None
+    return record if record.get("stage_key") == key and (out / "config.json").is_file() else None
+
+
+def _write_atomically(path: Path, text: str) -> None:
+    staging = path.with_suffix(".tmp")
+    staging.write_text(text)
+    os.replace(staging, path)
+
+
 @flow(name="layerwave-train")
 def train_head(model: str = "smollm2-135m", store: str = "layerwave.zarr", layers: list[int] | None = None,
                out: str | None = None, preset_name: str = "quick", seed: int = 0, ttt_steps: int | None = None,
-               fmt: str = "vllm") -> dict:
+               fmt: str = "vllm", epochs: int | None = None) -> dict:
     """Train an EAGLE-3 head reading `layers` (HF indices) from the store; export it to `out`."""
     key = store_key(model)
     ds = open_activations(store, key)
@@ -61,6 +83,6 @@ def train_head(model: str = "smollm2-135m", store: str = "layerwave.zarr", layer
     check_request(store, key, layers, preset_name, fmt)
     out = out or str(Path(store).with_name(Path(store).stem + ".heads") / key / "-".join(map(str, layers)))
     verifier = ds.attrs["model"].get("argument", key)
-    record = train_task(store, key, layers, out, preset_name, seed, ttt_steps, fmt, verifier)
+    record = train_task(store, key, layers, out, preset_name, seed, ttt_steps, fmt, verifier, epochs)
     return {"out": out, **{k: record[k] for k in ("layers", "steps", "trainable_parameters", "untrained", "final",
                                                    "tokens_per_s")}}

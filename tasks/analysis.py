@@ -7,10 +7,12 @@ from __future__ import annotations
 
 import numpy as np
 import xarray as xr
+import zarr
 
 from store.errors import LayerwaveError
-from store.stats_store import BlockReader, require_stats
+from store.stats_store import BlockReader, open_stats, require_stats
 from tasks.layer_ids import check_layers
+from tasks.stage_key import stage_key
 from tasks.measures import (aggregate_covariance, debiased_cka, h2_from_frobenius, h2_subset_closed_form, linear_cka,
                             renyi_entropy, spectrum)
 
@@ -24,7 +26,7 @@ def layer_measures(store: str, model_key: str, filter_key: str, alphas=(1.0, 2.0
     trace, frobenius2 = group["trace"][:], group["frobenius2"][:]
     blocks = BlockReader(group)
     n_layers = len(trace)
-    alphas = sorted(set(float(a) for a in alphas) | {1.0, 2.0})
+    alphas = orders(alphas)
     renyi = np.empty((n_layers, len(alphas)))
     for layer in range(n_layers):
         eigenvalues = spectrum(blocks(layer, layer), n)
@@ -46,6 +48,35 @@ def layer_measures(store: str, model_key: str, filter_key: str, alphas=(1.0, 2.0
         attrs={"tokens_kept": n, "tokens_total": int(group.attrs["tokens_total"]), "filter": filter_key,
                "features": features, "sketch_dim": group.attrs.get("sketch_dim")},
     )
+
+
+def orders(alphas) -> list[float]:
+    """The Rényi orders computed: those asked for, plus 1 and 2 always."""
+    return sorted(set(float(a) for a in alphas) | {1.0, 2.0})
+
+
+def analysis_key(stats: zarr.Group, alphas) -> str:
+    """What an analysis is made from: its statistics (activations, filter, features) and orders."""
+    return stage_key({k: stats.attrs.get(k) for k in ("source", "filter", "tokens_kept", "features", "sketch_dim")},
+                     orders(alphas))
+
+
+def write_measures(store: str, model_key: str, filter_key: str, alphas) -> None:
+    """`<model>/analysis/<filter>`, with its stage key written last so a killed write never looks current."""
+    path = f"{model_key}/{ANALYSIS}/{filter_key}"
+    layer_measures(store, model_key, filter_key, alphas).to_zarr(store, group=path, mode="w", consolidated=False)
+    stats = require_stats(store, model_key, filter_key)
+    zarr.open_group(store, path=path, mode="r+", use_consolidated=False).attrs["stage_key"] = analysis_key(stats, alphas)
+
+
+def measures_current(store: str, model_key: str, filter_key: str, alphas) -> bool:
+    """True when `<model>/analysis/<filter>` was computed from the current statistics with these orders."""
+    stats = open_stats(store, model_key, filter_key)
+    try:
+        done = zarr.open_group(store, path=f"{model_key}/{ANALYSIS}/{filter_key}", mode="r", use_consolidated=False)
+    except (FileNotFoundError, zarr.errors.GroupNotFoundError):
+        return False
+    return stats is not None and done.attrs.get("stage_key") == analysis_key(stats, alphas)
 
 
 def set_entropy(store: str, model_key: str, filter_key: str, layers, alpha: float = 1.0,

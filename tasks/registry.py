@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import os
 import re
 import tomllib
 from dataclasses import dataclass, field
@@ -23,8 +25,41 @@ class ModelSpec:
 
 
 def registry() -> dict[str, dict]:
-    text = resources.files("tasks").joinpath("models.toml").read_text()
-    return tomllib.loads(text)["models"]
+    """Built-in models, then the ones users added with `layerwave models add` (see user_registry)."""
+    built_in = tomllib.loads(resources.files("tasks").joinpath("models.toml").read_text())["models"]
+    path = user_registry()
+    try:
+        added = tomllib.loads(path.read_text()).get("models", {}) if path.exists() else {}
+    except tomllib.TOMLDecodeError as err:
+        raise LayerwaveError(f"model registry {path} is not valid TOML ({err}); fix or delete it") from None
+    return {**added, **built_in}
+
+
+def user_registry() -> Path:
+    """Where added models are kept: $LAYERWAVE_REGISTRY, else ~/.config/layerwave/models.toml.
+    Point every worker of a deployment at the same file (a shared path) so they see the same models."""
+    return Path(os.environ.get("LAYERWAVE_REGISTRY", Path.home() / ".config" / "layerwave" / "models.toml"))
+
+
+def add_model(name: str, source: str, description: str = "") -> dict:
+    """Register `name` for checkpoint `source` (hf:PATH); refuses names taken or unsafe, and
+    sources that are not Hugging Face checkpoints."""
+    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", name):
+        raise LayerwaveError(f"model name {name!r} must be letters, digits, '.', '_' or '-' (it names a store group)")
+    if name in registry():
+        raise LayerwaveError(f"model {name!r} is already registered; pick another name")
+    if not source.startswith("hf:"):
+        raise LayerwaveError(f"--source {source!r} is not supported; use hf:PATH (a Hugging Face checkpoint "
+                             "directory, or a hub id where the hub is reachable)")
+    checkpoint = resolve(source).options["path"]
+    if Path(checkpoint).exists():
+        checkpoint = str(Path(checkpoint).resolve())  # workers may start elsewhere
+    entry = {"description": description or f"added from {source}", "source": "hf", "path": checkpoint}
+    path = user_registry()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a") as handle:
+        handle.write(f"\n[models.{json.dumps(name)}]\n" + "".join(f"{k} = {json.dumps(v)}\n" for k, v in entry.items()))
+    return entry
 
 
 def resolve(model: str) -> ModelSpec:

@@ -1,0 +1,155 @@
+"""The whole question for one model as one Prefect flow, and a sweep over every registered model.
+
+    extract → statistics → selection → for each seed, for each candidate set: train → evaluate → report
+
+Every stage is idempotent: extraction by its shard commit markers, analysis, selection, training
+and evaluation by the stage key of their inputs stored beside their outputs (tasks/stage_key.py).
+A finished model re-runs with no stage work; a failed or deleted stage re-runs alone.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from datetime import datetime, timezone
+from pathlib import Path
+
+import zarr
+from prefect import flow, get_run_logger, task
+from prefect.cache_policies import NO_CACHE
+
+from flows.analyze import analyze
+from flows.evaluate import evaluate
+from flows.extract import extract
+from flows.report import report_task
+from flows.selection import select
+from flows.train import train_head
+from store import schema
+from store.errors import LayerwaveError
+from tasks.pipeline_presets import REFERENCE_FILTER, PipelinePreset, pipeline_preset
+from tasks.plots import reports_dir
+from tasks.registry import registry, resolve
+from tasks.report import evaluation_path, head_dir
+from tasks.stage_key import stage_key
+
+CORPUS = "sharegpt"
+BASELINES = ("even", "last-k")
+
+
+def default_store(preset: str, store: str | None) -> str:
+    return store or pipeline_preset(preset).store
+
+
+def extraction_current(store: str, model_key: str, model: str, p: PipelinePreset) -> bool:
+    """True when the store holds a complete extraction made with this pipeline's settings, so the
+    extract stage can be skipped without loading the model or the corpus."""
+    try:
+        attrs = zarr.open_group(store, path=schema.activations_path(model_key), mode="r",
+                                use_consolidated=False).attrs
+    except (FileNotFoundError, zarr.errors.GroupNotFoundError):
+        return False
+    corpus = attrs.get("corpus", {})
+    return bool(attrs.get("complete")) and attrs.get("model", {}).get("argument") == model and (
+        corpus.get("spec"), corpus.get("tokens_requested"), corpus.get("max_length"), corpus.get("seed")) == (
+        CORPUS, p.tokens, p.max_length, 0)
+
+
+def by_priority(candidates: list[dict]) -> list[dict]:
+    """The EAGLE-3 default first, then every selection method's sets, then fixed baselines, then
+    random controls, so a `--limit` keeps the comparison that matters most."""
+    def rank(candidate: dict) -> int:
+        methods = candidate["methods"]
+        if "eagle3-default" in methods:
+            return 0
+        if any(not m.startswith("random-") and m not in BASELINES for m in methods):
+            return 1
+        return 2 if any(m in BASELINES for m in methods) else 3
+    return sorted(candidates, key=rank)
+
+
+@task(name="evaluate-head", cache_policy=NO_CACHE)
+def evaluate_stage(model: str, head: str, bench: str, p: PipelinePreset, store: str) -> dict:
+    """Speculative decoding of `bench` with one head; the result is kept beside the head under the
+    key of its inputs (the head's own training key included), so a re-run reuses it."""
+    training = json.loads((Path(head) / "training.json").read_text())
+    key = stage_key(training["stage_key"], bench, p.prompts, p.max_new_tokens, p.depth)
+    path = evaluation_path(Path(head), bench)
+    if path.is_file():
+        done = json.loads(path.read_text())
+        if done.get("stage_key") == key:
+            return {**done, "reused": True}
+    result = evaluate(model=model, head=head, bench=bench, limit=p.prompts, max_new_tokens=p.max_new_tokens,
+                      depth=p.depth, store=store)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    staging = path.with_suffix(".tmp")
+    staging.write_text(json.dumps({**result, "stage_key": key}, indent=2) + "\n")
+    os.replace(staging, path)
+    return {**result, "reused": False}
+
+
+def completion_path(store: str, model_key: str, preset: str) -> Path:
+    return reports_dir(store, model_key) / f"pipeline-{preset}.json"
+
+
+def is_complete(store: str, model_key: str, preset: str) -> bool:
+    path = completion_path(store, model_key, preset)
+    return path.is_file() and json.loads(path.read_text()).get("complete") is True
+
+
+@flow(name="layerwave-pipeline")
+def pipeline(model: str = "smollm2-135m", preset: str = "quick", store: str | None = None,
+             limit: int | None = None) -> dict:
+    """Extract, analyse, select, train and evaluate every candidate layer set of `model`, then report."""
+    logger = get_run_logger()
+    p = pipeline_preset(preset)
+    key = resolve(model).key  # an unknown model fails the run here, with the list of known ones
+    store = default_store(preset, store)
+    if limit is not None and limit < 1:
+        raise LayerwaveError(f"--limit must be at least 1 (got {limit})")
+    if extraction_current(store, key, model, p):
+        logger.info("extraction of %s in %s is complete", key, store)
+    else:
+        extract(model=model, corpus=CORPUS, tokens=p.tokens, max_length=p.max_length, store=store)
+    analyze(model=model, store=store, entropy_quantile=p.entropy_quantile, drop_first_token=True,
+            memory_gb=p.memory_gb)
+    candidates = select(model=model, store=store, filter_key=REFERENCE_FILTER.key, n_random=p.n_random)
+    chosen = by_priority(candidates)[: limit or p.candidates]
+    logger.info("training %d layer sets × %d seeds: %s", len(chosen), len(p.seeds),
+                ", ".join(str(c["layers"]) for c in chosen))
+    evaluated = []
+    for seed in p.seeds:  # seed-major: partial results already compare every set
+        for candidate in chosen:
+            head = str(head_dir(store, key, preset, candidate["layers"], seed))
+            train_head(model=model, store=store, layers=candidate["layers"], out=head, preset_name=p.train_preset,
+                       seed=seed, epochs=p.epochs)
+            for bench in p.benches:
+                result = evaluate_stage(model, head, bench, p, store)
+                evaluated.append({"layers": candidate["layers"], "seed": seed, "bench": bench, "tau": result["tau"],
+                                  "speedup": result["speedup"], "reused": result["reused"]})
+    report = report_task(store, key, preset, [c["layers"] for c in chosen])
+    path = completion_path(store, key, preset)
+    path.write_text(json.dumps({"complete": True, "model": model, "preset": preset, "store": store,
+                                "finished": datetime.now(timezone.utc).isoformat()}, indent=2) + "\n")
+    return {"model": model, "preset": preset, "store": store, "report": report["path"], "rows": report["rows"],
+            "evaluated": evaluated}
+
+
+@flow(name="layerwave-sweep")
+def sweep(preset: str = "quick", store: str | None = None, models: list[str] | None = None) -> dict:
+    """Run the pipeline for every registered model (or those named) without a complete result."""
+    logger = get_run_logger()
+    pipeline_preset(preset)
+    names = list(models) if models else sorted(registry())
+    for name in names:
+        resolve(name)
+    missing = [name for name in names if not is_complete(default_store(preset, store), resolve(name).key, preset)]
+    if not missing:
+        logger.info("nothing to do: every model (%s) has a complete %s result", ", ".join(names), preset)
+    failed = []
+    for name in missing:  # one model's failure does not stop the others
+        logger.info("running the %s pipeline for %s", preset, name)
+        if pipeline(model=name, preset=preset, store=store, return_state=True).is_failed():
+            failed.append(name)
+    if failed:
+        raise LayerwaveError(f"the {preset} pipeline failed for {', '.join(failed)} (see their flow runs)")
+    return {"ran": missing, "complete": [n for n in names if n not in missing]}

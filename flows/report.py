@@ -1,0 +1,66 @@
+"""The report flow: a Markdown report per model beside the store, plus Prefect artifacts."""
+
+from __future__ import annotations
+
+import json
+
+import xarray as xr
+import zarr
+from prefect import flow, task
+from prefect.artifacts import create_markdown_artifact, create_table_artifact
+from prefect.cache_policies import NO_CACHE
+
+from flows.selection import SELECTION, candidates_from
+from store.errors import LayerwaveError
+from store.read import open_activations
+from tasks.pipeline_presets import REFERENCE_FILTER, pipeline_preset
+from tasks.plots import reports_dir
+from tasks.registry import store_key
+from tasks.report import correlations, load_evaluations, markdown, result_rows
+
+REFERENCE = REFERENCE_FILTER.key
+
+
+@task(name="write-report", cache_policy=NO_CACHE)
+def report_task(store: str, model_key: str, preset: str, sets: list[list[int]] | None = None) -> dict:
+    """`<store>.reports/<model>/report.md` and `results.json` from what is on disk; `sets` limits
+    the report to the sets a pipeline run trained (default: every candidate with results)."""
+    p = pipeline_preset(preset)
+    try:
+        selection = xr.open_zarr(store, group=f"{model_key}/{SELECTION}/{REFERENCE}", consolidated=False).load()
+    except (FileNotFoundError, KeyError, zarr.errors.GroupNotFoundError):
+        raise LayerwaveError(f"no selection for {model_key} in {store}; run `layerwave run --model {model_key} "
+                             f"--store {store} --preset {preset}` first") from None
+    candidates = [c for c in candidates_from(selection) if sets is None or c["layers"] in sets]
+    benches = list(p.benches)
+    rows = result_rows(candidates, load_evaluations(store, model_key, preset, candidates, p.seeds, benches), benches)
+    correlation = correlations(rows, benches)
+    folder = reports_dir(store, model_key)
+    corpus = open_activations(store, model_key).attrs["corpus"]
+    facts = {"model": model_key, "store": store, "preset": preset,
+             "training tokens (ShareGPT)": corpus["tokens"], "documents": corpus["documents"],
+             "seeds": ", ".join(map(str, p.seeds)), "benchmarks": ", ".join(benches),
+             "prompts per benchmark": p.prompts, "max new tokens": p.max_new_tokens, "draft depth": p.depth,
+             "selection scored on token filter": REFERENCE}
+    plots = [path.name for path in sorted(folder.glob("*.png"))]
+    text = markdown(f"layerwave report: {model_key} ({preset})", facts, plots, candidates, rows, correlation, benches)
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "report.md").write_text(text)
+    (folder / "results.json").write_text(json.dumps({"rows": rows, "rank_correlation": correlation}, indent=2) + "\n")
+    create_markdown_artifact(key=f"report-{_artifact_key(model_key)}", markdown=text,
+                             description=f"layerwave report for {model_key}")
+    if rows:
+        create_table_artifact(key=f"results-{_artifact_key(model_key)}", table=[
+            {k: r[k] for k in ("layers", "method", "bench", "tau_mean", "tau_ci95", "speedup_mean")} for r in rows])
+    return {"path": str(folder / "report.md"), "rows": rows, "rank_correlation": correlation}
+
+
+def _artifact_key(model_key: str) -> str:
+    """Artifact keys allow lowercase letters, digits and dashes only."""
+    return "".join(ch if ch.isalnum() else "-" for ch in model_key.lower())
+
+
+@flow(name="layerwave-report")
+def report(model: str = "smollm2-135m", preset: str = "quick", store: str | None = None) -> dict:
+    """Regenerate a model's report from the store and the heads' evaluation results."""
+    return report_task(store or pipeline_preset(preset).store, store_key(model), preset)

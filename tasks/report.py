@@ -1,0 +1,146 @@
+"""The per-model report: candidate sets with their scores, τ and speed-up per set and benchmark
+with spread across seeds, and how well each selection score predicts τ.
+
+Everything is read back from disk (selection in the store, evaluation JSON beside each head), so
+`layerwave report` regenerates the same report without re-running anything.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+
+SCORES = ("aggregate_h1", "aggregate_h2", "mean_entropy", "mean_pairwise_cka")
+# Two-sided 95% Student t quantiles for 1..30 degrees of freedom (no SciPy dependency).
+T95 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145, 2.131,
+       2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042)
+
+
+def heads_root(store: str, model_key: str, preset: str) -> Path:
+    """`layerwave.zarr` → `layerwave.heads/<model>/<preset>/`."""
+    path = Path(store)
+    return path.with_name(path.stem + ".heads") / model_key / preset
+
+
+def head_dir(store: str, model_key: str, preset: str, layers: list[int], seed: int) -> Path:
+    return heads_root(store, model_key, preset) / "-".join(map(str, layers)) / f"seed-{seed}"
+
+
+def evaluation_path(head: Path, bench: str) -> Path:
+    return head / "evaluation" / f"{bench.replace('/', '_').replace(':', '_')}.json"
+
+
+def mean_ci95(values: list[float]) -> tuple[float, float | None]:
+    """Mean and half-width of its 95% t interval (None for a single value: no spread to show)."""
+    n = len(values)
+    mean = float(np.mean(values))
+    if n < 2:
+        return mean, None
+    t = T95[n - 2] if n - 1 <= len(T95) else 1.96
+    return mean, float(t * np.std(values, ddof=1) / math.sqrt(n))
+
+
+def spearman(x: list[float], y: list[float]) -> float | None:
+    """Rank correlation (average ranks for ties); None when fewer than 3 pairs or a constant side."""
+    if len(x) < 3:
+        return None
+    rx, ry = _ranks(np.asarray(x, float)), _ranks(np.asarray(y, float))
+    if rx.std() == 0 or ry.std() == 0:
+        return None
+    return float(np.corrcoef(rx, ry)[0, 1])
+
+
+def _ranks(values: np.ndarray) -> np.ndarray:
+    order = np.argsort(values, kind="stable")
+    ranks = np.empty(len(values))
+    ranks[order] = np.arange(len(values), dtype=float)
+    for value in np.unique(values):
+        tied = values == value
+        ranks[tied] = ranks[tied].mean()
+    return ranks
+
+
+def result_rows(candidates: list[dict], evaluations: dict[tuple, list[dict]], benches: list[str]) -> list[dict]:
+    """One row per (set, bench) with at least one evaluated seed; `evaluations[(layers, bench)]`
+    holds one evaluation result per seed."""
+    rows = []
+    for candidate in candidates:
+        for bench in benches:
+            runs = evaluations.get((tuple(candidate["layers"]), bench), [])
+            if not runs:
+                continue
+            tau, tau_ci = mean_ci95([r["tau"] for r in runs])
+            speedup, speedup_ci = mean_ci95([r["speedup"] for r in runs])
+            rows.append({"layers": candidate["layers"], "method": ",".join(candidate["methods"]), "bench": bench,
+                         "tau_mean": tau, "tau_ci95": tau_ci, "speedup_mean": speedup, "speedup_ci95": speedup_ci,
+                         "seeds": [r["seed"] for r in runs], "tau_per_seed": [r["tau"] for r in runs],
+                         "lossless": all(r.get("lossless") is not False for r in runs),
+                         **{name: candidate[name] for name in SCORES}})
+    return rows
+
+
+def correlations(rows: list[dict], benches: list[str]) -> dict[str, dict[str, float | None]]:
+    """Spearman correlation of each selection score with mean τ across sets, per benchmark."""
+    return {bench: {name: spearman([r[name] for r in rows if r["bench"] == bench],
+                                   [r["tau_mean"] for r in rows if r["bench"] == bench]) for name in SCORES}
+            for bench in benches}
+
+
+def verdict(rows: list[dict], bench: str) -> str:
+    """The comparison with the EAGLE-3 default at the strength the intervals support."""
+    here = [r for r in rows if r["bench"] == bench]
+    default = next((r for r in here if "eagle3-default" in r["method"].split(",")), None)
+    if not here or default is None:
+        return f"{bench}: no evaluated EAGLE-3 default to compare with."
+    best = max(here, key=lambda r: r["tau_mean"])
+    if best is default:
+        return f"{bench}: the EAGLE-3 default {default['layers']} has the highest mean τ ({default['tau_mean']:.3f})."
+    if best["tau_ci95"] is None or default["tau_ci95"] is None:
+        return (f"{bench}: {best['layers']} ({best['method']}) has mean τ {best['tau_mean']:.3f} vs "
+                f"{default['tau_mean']:.3f} for the default, from one seed: no interval, no conclusion.")
+    apart = best["tau_mean"] - best["tau_ci95"] > default["tau_mean"] + default["tau_ci95"]
+    strength = "its 95% interval lies above the default's" if apart else "the 95% intervals overlap: within noise"
+    return (f"{bench}: {best['layers']} ({best['method']}) τ {best['tau_mean']:.3f} ± {best['tau_ci95']:.3f} vs "
+            f"default {default['layers']} {default['tau_mean']:.3f} ± {default['tau_ci95']:.3f}; {strength}.")
+
+
+def markdown(title: str, facts: dict, plots: list[str], candidates: list[dict], rows: list[dict],
+             correlation: dict, benches: list[str]) -> str:
+    lines = [f"# {title}", ""]
+    lines += [f"- {name}: {value}" for name, value in facts.items()] + [""]
+    lines += [f"![{Path(p).stem}]({p})" for p in plots] + [""]
+    lines += ["## Candidate layer sets (HF hidden_states indices)", "",
+              "| layers | methods | " + " | ".join(SCORES) + " |", "|---|---|" + "---:|" * len(SCORES)]
+    lines += [f"| {c['layers']} | {', '.join(c['methods'])} | " + " | ".join(f"{c[s]:.3f}" for s in SCORES) + " |"
+              for c in candidates]
+    lines += ["", "## Speculative decoding per set (mean over seeds, ± 95% t interval)", "",
+              "| layers | methods | bench | τ | speed-up | seeds | lossless |", "|---|---|---|---:|---:|---:|---|"]
+    lines += [f"| {r['layers']} | {r['method']} | {r['bench']} | {_pm(r['tau_mean'], r['tau_ci95'])} | "
+              f"{_pm(r['speedup_mean'], r['speedup_ci95'])} | {len(r['seeds'])} | {r['lossless']} |"
+              for r in sorted(rows, key=lambda r: (r["bench"], -r["tau_mean"]))]
+    lines += ["", "## How well each selection score predicts τ (Spearman, across sets)", "",
+              "| bench | " + " | ".join(SCORES) + " |", "|---|" + "---:|" * len(SCORES)]
+    lines += [f"| {bench} | " + " | ".join("n/a" if v is None else f"{v:+.2f}" for v in correlation[bench].values())
+              + " |" for bench in benches]
+    lines += ["", "## Conclusion", ""] + [f"- {verdict(rows, bench)}" for bench in benches]
+    return "\n".join(lines) + "\n"
+
+
+def _pm(mean: float, ci: float | None) -> str:
+    return f"{mean:.3f}" if ci is None else f"{mean:.3f} ± {ci:.3f}"
+
+
+def load_evaluations(store: str, model_key: str, preset: str, candidates: list[dict], seeds, benches) -> dict:
+    """Evaluation results found on disk for every (set, bench), one per evaluated seed."""
+    found: dict[tuple, list[dict]] = {}
+    for candidate in candidates:
+        for bench in benches:
+            for seed in seeds:
+                path = evaluation_path(head_dir(store, model_key, preset, candidate["layers"], seed), bench)
+                if path.is_file():
+                    found.setdefault((tuple(candidate["layers"]), bench), []).append(
+                        {**json.loads(path.read_text()), "seed": seed})
+    return found
