@@ -75,7 +75,8 @@ def resolve(model: str) -> ModelSpec:
     models = registry()
     if model not in models:
         raise LayerwaveError(
-            f"unknown model {model!r}; built-in models: {', '.join(sorted(models))}, or pass hf:PATH"
+            f"unknown model {model!r}; registered models: {', '.join(sorted(models))}; pass hf:PATH, or register "
+            "one with `layerwave models add NAME --source hf:PATH`"
         )
     options = dict(models[model])
     return ModelSpec(key=model, source=options.pop("source"), options=options)

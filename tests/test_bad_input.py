@@ -2,21 +2,27 @@
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
+import logging
 import os
 from pathlib import Path
 
 import pytest
 import torch
 import zarr
+from transformers import LlamaConfig, LlamaForCausalLM
 
+import flows.cli as cli_module
 from flows.cli import main
 from flows.extract import extract
-from store.errors import LayerwaveError
+from store.errors import LayerwaveError, store_writes
 from store.lock import writer_lock
 from store.read import open_activations
+from tasks.export_head import export
 from tests.conftest import TINY, extract_options
+from tests.processes import cli_argv, error_line, run
 
 
 def snapshot(path: Path) -> dict:
@@ -29,8 +35,8 @@ def snapshot(path: Path) -> dict:
             for p in sorted(path.rglob("*")) if p.is_file()}
 
 
-def cli(capsys, store, corpus, **overrides) -> tuple[int, str]:
-    argv = ["extract"]
+def cli(capsys, store, corpus, *flags, **overrides) -> tuple[int, str]:
+    argv = ["extract", *flags]
     for name, value in extract_options(store, corpus, **{"tokens": 300, **overrides}).items():
         argv += [f"--{name.replace('_', '-')}", str(value)]
     capsys.readouterr()  # drop what earlier steps printed
@@ -59,7 +65,7 @@ def assert_refused(capsys, store, corpus, expected: str, *, in_flow: bool = Fals
 @pytest.mark.parametrize("store_kind", ["new", "finished"])
 def test_unknown_model(capsys, tmp_path, corpus, finished_store, store_kind):
     store = finished_store if store_kind == "finished" else tmp_path / "new.zarr"
-    assert_refused(capsys, store, corpus, "unknown model 'no-such-model'; built-in models: smollm2-135m",
+    assert_refused(capsys, store, corpus, "unknown model 'no-such-model'; registered models: smollm2-135m",
                    model="no-such-model")
 
 
@@ -146,3 +152,71 @@ def test_bad_device_dtype_and_storage_dtype(capsys, finished_store, corpus):
     if not torch.cuda.is_available():
         assert_refused(capsys, finished_store, corpus, "asked for CUDA but none is available", device="cuda")
     assert os.path.isdir(finished_store)
+
+
+def test_debug_shows_the_traceback_of_a_user_error(tmp_path, tiny, corpus, prefect_api):
+    """A user error inside a flow, in a real process (all of stderr, Prefect's log included): one
+    line and no traceback; with --debug, Prefect's log keeps the task's traceback and the CLI
+    prints its own, and the last line is still the one-line error."""
+    argv = cli_argv("extract", extract_options(tmp_path / "new.zarr", corpus, tokens=300,
+                                               model=f"hf:{_nan_model(tmp_path, tiny)}"))
+    plain, debug = run(argv, prefect_api), run([*argv, "--debug"], prefect_api)
+    assert plain.returncode == debug.returncode == 2
+    assert "NaN/inf hidden states" in error_line(plain.stderr)
+    assert debug.stderr.count("Traceback (most recent call last)") >= 2, debug.stderr
+    assert debug.stderr.strip().splitlines()[-1] == error_line(plain.stderr)
+
+
+def test_debug_before_the_command(capsys, tmp_path):
+    capsys.readouterr()
+    assert main(["--debug", "verify", "--store", str(tmp_path / "none.zarr")]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" in err and err.splitlines()[-1] == f"layerwave: error: no store at {tmp_path / 'none.zarr'}; " \
+                                                        "pass the --store (and --model) an extraction wrote"
+
+
+@pytest.mark.parametrize("code", [errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS, errno.EACCES])
+def test_every_refused_write_becomes_one_clear_error(code):
+    """The kinds of refusal test_faults cannot cause here (a full disk, a quota, a read-only
+    mount) take the same path as the ones it causes (EFBIG, EACCES); the OSError stays the cause."""
+    with pytest.raises(LayerwaveError) as raised:
+        with store_writes("s.zarr"):
+            raise OSError(code, os.strerror(code))
+    assert str(raised.value) == (f"writing to store s.zarr failed: {os.strerror(code)} ({errno.errorcode[code]}); "
+                                 "free space on its disk or make it writable, then re-run the same command to "
+                                 "resume (committed shards are kept)")
+    assert isinstance(raised.value.__cause__, OSError)
+    with pytest.raises(FileNotFoundError):  # not a refusal: a bug or a race, keeps its traceback
+        with store_writes("s.zarr"):
+            raise FileNotFoundError(errno.ENOENT, "gone")
+
+
+def test_a_bug_keeps_its_traceback(monkeypatch):
+    """Anything but a LayerwaveError is a bug: main lets it through (Python prints the traceback)
+    and the Prefect log filter keeps it, with or without --debug."""
+    def bug(args):
+        raise RuntimeError("a bug")
+    monkeypatch.setattr(cli_module, "_run_models", bug)
+    with pytest.raises(RuntimeError, match="a bug"):
+        main(["models"])
+    for debug, error, keeps in [(False, RuntimeError("bug"), True), (True, RuntimeError("bug"), True),
+                                (False, LayerwaveError("user"), False), (True, LayerwaveError("user"), True)]:
+        monkeypatch.setattr(cli_module._NoTracebackForUserErrors, "debug", debug)
+        record = logging.LogRecord("prefect", logging.ERROR, __file__, 1, "failed", None, (type(error), error, None))
+        assert cli_module._USER_ERROR_FILTER.filter(record) and bool(record.exc_info) is keeps, (debug, error)
+
+
+def test_a_head_for_another_model_is_refused(capsys, tmp_path, tiny, trained):
+    """A head trained on the tiny model (width 64) against a narrower model with the same vocabulary."""
+    config = tiny.model.config.to_dict() | {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
+                                            "head_dim": 8}
+    narrow = tmp_path / "narrow-model"
+    LlamaForCausalLM(LlamaConfig(**config)).save_pretrained(narrow)
+    tiny.tokenizer.save_pretrained(narrow)
+    head = export(trained[0], tmp_path / "head", "vllm", verifier=TINY)
+    capsys.readouterr()
+    assert main(["evaluate", "--model", f"hf:{narrow}", "--head", str(head), "--limit", "1"]) == 2
+    err = capsys.readouterr().err.strip()
+    vocab = tiny.model.config.vocab_size
+    assert err == f"layerwave: error: head {head} was trained for a model of width 64 and vocabulary {vocab}; " \
+                  f"hf:{narrow} has 32 and {vocab}", err

@@ -1,0 +1,116 @@
+"""The in-process pipeline: every stage's output, a second run that does no stage work, the sweep
+over registered models, the report, and bad input."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import xarray as xr
+
+from flows.cli import main
+from flows.pipeline import by_priority, is_complete, pipeline, sweep
+from tasks.registry import add_model
+from tasks.report import mean_ci95, spearman
+from tests.conftest import TINY
+
+
+def saved_checkpoint(tiny, folder: Path) -> Path:
+    """The tiny model saved as a plain Hugging Face checkpoint, as a user would register one."""
+    tiny.model.save_pretrained(folder)
+    tiny.tokenizer.save_pretrained(folder)
+    return folder
+
+
+def modification_times(*folders: Path) -> dict[str, int]:
+    return {str(path): path.stat().st_mtime_ns for folder in folders for path in folder.rglob("*") if path.is_file()}
+
+
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory, prefect_api):
+    store = tmp_path_factory.mktemp("pipeline") / "smoke.zarr"
+    return str(store), pipeline(model=TINY, preset="smoke", store=str(store))
+
+
+def test_pipeline_writes_every_stage_and_a_report(finished):
+    store, summary = finished
+    assert xr.open_zarr(store, group=f"{TINY}/activations").sizes["token"] == 3000
+    for group in ("analysis/all-drop-first", "analysis/quantile-ge-0.5-drop-first", "selection/all-drop-first"):
+        assert xr.open_zarr(store, group=f"{TINY}/{group}", consolidated=False).sizes
+    trained = {tuple(row["layers"]) for row in summary["evaluated"]}
+    assert len(trained) == 3 and (2, 4, 5) in trained  # the EAGLE-3 default is always among them
+    report = Path(summary["report"]).read_text()
+    assert "## Speculative decoding per set" in report and "[2, 4, 5]" in report
+    results = json.loads((Path(summary["report"]).parent / "results.json").read_text())
+    assert {row["bench"] for row in results["rows"]} == {"mt-bench"} and len(results["rows"]) == 3
+    assert all(row["lossless"] and row["tau_mean"] >= 1.0 for row in results["rows"])
+    assert is_complete(store, TINY, "smoke")
+
+
+def test_second_run_does_no_stage_work(finished):
+    store, _ = finished
+    heads = Path(store).with_name("smoke.heads")
+    before = modification_times(Path(store), heads)
+    summary = pipeline(model=TINY, preset="smoke", store=store)
+    assert modification_times(Path(store), heads) == before
+    assert all(row["reused"] for row in summary["evaluated"])
+
+
+def test_a_deleted_evaluation_reruns_alone(finished):
+    store, summary = finished
+    evaluation = next(Path(store).with_name("smoke.heads").rglob("evaluation/mt-bench.json"))
+    evaluation.unlink()
+    again = pipeline(model=TINY, preset="smoke", store=store)
+    assert sum(not row["reused"] for row in again["evaluated"]) == 1 and evaluation.is_file()
+
+
+def test_sweep_runs_only_models_without_a_complete_result(finished, tiny, tmp_path, monkeypatch):
+    store, _ = finished
+    monkeypatch.setenv("LAYERWAVE_REGISTRY", str(tmp_path / "models.toml"))
+    add_model("tiny-copy", f"hf:{saved_checkpoint(tiny, tmp_path / 'checkpoint')}")
+    first = sweep(preset="smoke", store=store, models=[TINY, "tiny-copy"])
+    assert first == {"ran": ["tiny-copy"], "complete": [TINY]}
+    assert xr.open_zarr(store, group="tiny-copy/activations").attrs["model"]["source"] == "hf"
+    assert sweep(preset="smoke", store=store, models=[TINY, "tiny-copy"])["ran"] == []
+
+
+def test_report_command_regenerates_the_report(finished, tmp_path, capsys):
+    store, summary = finished
+    Path(summary["report"]).unlink()
+    assert main(["report", "--model", TINY, "--preset", "smoke", "--store", store,
+                 "--json", str(tmp_path / "r.json")]) == 0
+    assert "layerwave report: tiny-random-llama (smoke)" in capsys.readouterr().out
+    assert Path(summary["report"]).is_file() and json.loads((tmp_path / "r.json").read_text())["rows"]
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["run", "--model", "no-such-model"], "unknown model 'no-such-model'"),
+    (["run", "--preset", "huge"], "unknown pipeline preset 'huge'"),
+    (["run", "--model", TINY, "--preset", "smoke", "--limit", "0"], "--limit must be at least 1"),
+    (["models", "add", "bad/name", "--source", "hf:x"], "model name 'bad/name' must be"),
+    (["models", "add", "x", "--source", "gguf:y"], "--source 'gguf:y' is not supported"),
+    (["models", "add", TINY, "--source", "hf:x"], f"model '{TINY}' is already registered"),
+])
+def test_bad_pipeline_input_is_one_line(argv, message, capsys, tmp_path, monkeypatch):
+    monkeypatch.setenv("LAYERWAVE_REGISTRY", str(tmp_path / "models.toml"))
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"layerwave: error: {message}") and "\n" not in err
+    assert not (tmp_path / "models.toml").exists()
+
+
+def test_priority_puts_the_default_first_and_random_controls_last():
+    candidates = [{"layers": [1, 2, 3], "methods": ["random-0"]}, {"layers": [4, 5, 6], "methods": ["even"]},
+                  {"layers": [1, 4, 6], "methods": ["cka-mrmr", "random-1"]}, {"layers": [2, 4, 5],
+                                                                                 "methods": ["eagle3-default"]}]
+    assert [c["layers"] for c in by_priority(candidates)] == [[2, 4, 5], [1, 4, 6], [4, 5, 6], [1, 2, 3]]
+
+
+def test_interval_and_rank_correlation():
+    mean, half = mean_ci95([1.0, 2.0, 3.0])
+    assert mean == 2.0 and half == pytest.approx(4.303 * 1.0 / 3 ** 0.5)
+    assert mean_ci95([1.5]) == (1.5, None)
+    assert spearman([1, 2, 3, 4], [10, 20, 30, 40]) == pytest.approx(1.0)
+    assert spearman([1, 2, 3, 4], [4, 3, 2, 1]) == pytest.approx(-1.0)
+    assert spearman([1, 2], [1, 2]) is None
