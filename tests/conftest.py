@@ -97,3 +97,10 @@ def trained(training_store, tmp_path_factory):
     out = tmp_path_factory.mktemp("head")
     head, record = train(training_store, TINY, LAYERS, out, preset("smoke"))
     return head, record, out
+
+
+def saved_checkpoint(tiny, folder) -> str:
+    """The tiny model saved as a plain Hugging Face checkpoint, as a user would register one."""
+    tiny.model.save_pretrained(folder)
+    tiny.tokenizer.save_pretrained(folder)
+    return str(folder)

@@ -13,14 +13,7 @@ from flows.cli import main
 from flows.pipeline import by_priority, is_complete, pipeline, sweep
 from tasks.registry import add_model
 from tasks.report import mean_ci95, spearman
-from tests.conftest import TINY
-
-
-def saved_checkpoint(tiny, folder: Path) -> Path:
-    """The tiny model saved as a plain Hugging Face checkpoint, as a user would register one."""
-    tiny.model.save_pretrained(folder)
-    tiny.tokenizer.save_pretrained(folder)
-    return folder
+from tests.conftest import TINY, saved_checkpoint
 
 
 def modification_times(*folders: Path) -> dict[str, int]:
