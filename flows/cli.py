@@ -195,7 +195,10 @@ def _evaluate_parser(sub) -> None:
     p.add_argument("--bench", default="mt-bench", help="mt-bench (first turns), sharegpt (held out) or jsonl:PATH")
     p.add_argument("--limit", type=int, default=10, help="number of prompts")
     p.add_argument("--max-new-tokens", type=int, default=128)
-    p.add_argument("--depth", type=int, default=4, help="draft tokens per verification (chain)")
+    p.add_argument("--depth", type=int, default=4, help="draft tokens per verification (chain), levels (tree)")
+    p.add_argument("--draft", default="chain", help="chain, or tree (EAGLE-2 dynamic tree)")
+    p.add_argument("--tree-topk", type=int, default=8, help="tree: children expanded per node and per level")
+    p.add_argument("--tree-tokens", type=int, default=32, help="tree: draft tokens verified per round")
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (checked lossless); > 0 samples")
     p.add_argument("--seed", type=int, default=0, help="sampling seed")
     p.add_argument("--store", help="store whose ShareGPT records are excluded from --bench sharegpt")
@@ -205,14 +208,16 @@ def _evaluate_parser(sub) -> None:
 def _run_evaluate(args) -> dict:
     from flows.evaluate import check_request
 
-    check_request(args.model, args.head, args.bench, args.limit, args.max_new_tokens, args.depth, args.temperature)
+    check_request(args.model, args.head, args.bench, args.limit, args.max_new_tokens, args.depth, args.temperature,
+                  args.draft, args.tree_topk, args.tree_tokens)
     _configure_logging()
     from flows.evaluate import evaluate
 
     result = evaluate(model=args.model, head=args.head, bench=args.bench, limit=args.limit,
                       max_new_tokens=args.max_new_tokens, depth=args.depth, store=args.store,
-                      temperature=args.temperature, seed=args.seed)
-    print(f"{args.bench}: τ {result['tau']:.2f}, speed-up {result['speedup']:.2f}x "
+                      temperature=args.temperature, seed=args.seed, draft=args.draft, tree_topk=args.tree_topk,
+                      tree_tokens=args.tree_tokens)
+    print(f"{args.bench} ({args.draft}): τ {result['tau']:.2f}, speed-up {result['speedup']:.2f}x "
           f"({result['tokens_per_s']:.1f} vs {result['baseline_tokens_per_s']:.1f} tokens/s), "
           f"lossless {result['lossless']}, acceptance per position "
           + " ".join(f"{p:.2f}" for p in result["per_position"]))

@@ -16,6 +16,9 @@ from tasks.export_head import load_exported
 from tasks.prompts import encode_prompts, first_turns, used_records
 from tasks.registry import resolve
 from tasks.spec_decode import HeadDrafter, plain_generate, speculative_generate
+from tasks.tree_decode import TreeShape
+
+DRAFTS = ("chain", "tree")
 
 
 def load_pair(model: str, head_dir: str):
@@ -34,20 +37,28 @@ def load_pair(model: str, head_dir: str):
 
 
 def check_request(model: str, head_dir: str, bench: str, limit: int | None, max_new_tokens: int, depth: int,
-                  temperature: float = 0.0) -> None:
+                  temperature: float = 0.0, draft: str = "chain", tree_topk: int = 8, tree_tokens: int = 32) -> None:
     """Every mistake in an evaluation request, before generation starts."""
     if depth < 1:
         raise LayerwaveError(f"--depth must be at least 1 (got {depth})")
     if temperature < 0:
         raise LayerwaveError(f"--temperature must be >= 0 (got {temperature}); 0 is greedy")
-    target, _ = load_pair(model, head_dir)
+    if draft not in DRAFTS:
+        raise LayerwaveError(f"unknown --draft {draft!r}; use {' or '.join(DRAFTS)}")
+    if tree_tokens < 1:
+        raise LayerwaveError(f"--tree-tokens must be at least 1 (got {tree_tokens})")
+    target, head = load_pair(model, head_dir)
+    if not 1 <= tree_topk <= head.config.draft_vocab_size:
+        raise LayerwaveError(f"--tree-topk must be between 1 and the head's draft vocabulary of "
+                             f"{head.config.draft_vocab_size} (got {tree_topk})")
     encode_prompts(target.tokenizer, first_turns(bench, limit), target.model.config.max_position_embeddings,
                    max_new_tokens)
 
 
 @task(name="speculative-decoding", cache_policy=NO_CACHE)
 def evaluate_task(model: str, head_dir: str, bench: str, limit: int | None, max_new_tokens: int, depth: int,
-                  store: str | None, temperature: float = 0.0, seed: int = 0) -> dict:
+                  store: str | None, temperature: float = 0.0, seed: int = 0, draft: str = "chain",
+                  tree_topk: int = 8, tree_tokens: int = 32) -> dict:
     logger = get_run_logger()
     target, head = load_pair(model, head_dir)
     turns = first_turns(bench, limit, exclude=used_records(store, resolve(model).key))
@@ -56,17 +67,19 @@ def evaluate_task(model: str, head_dir: str, bench: str, limit: int | None, max_
     plain_generate(target.model, prompts[0], 2, eos)  # warm-up, untimed
     rows, mismatches = [], []
     generator = torch.Generator().manual_seed(seed)
+    tree = TreeShape(tree_topk, tree_tokens) if draft == "tree" else None
     for number, prompt in enumerate(prompts):
         base = plain_generate(target.model, prompt, max_new_tokens, eos, temperature)
         spec = speculative_generate(target.model, head.config.layers, HeadDrafter(head), prompt, max_new_tokens,
-                                    depth, eos, temperature, generator)
+                                    depth, eos, temperature, generator, tree)
         if temperature == 0 and spec.tokens != base.tokens:
             mismatches.append(number)
         rows.append({"prompt": number, "tokens": len(spec.tokens), "tau": spec.tau, "accepted": spec.accepted,
                      "seconds": spec.seconds, "baseline_tokens": len(base.tokens), "baseline_seconds": base.seconds})
         logger.info("prompt %d/%d: τ %.2f, %d tokens, %.2fs vs %.2fs plain", number + 1, len(prompts), spec.tau,
                     len(spec.tokens), spec.seconds, base.seconds)
-    return summarize(rows, depth, mismatches, sampled=temperature > 0)
+    shape = {"draft": draft, "tree_topk": tree_topk if tree else None, "tree_tokens": tree_tokens if tree else None}
+    return {**summarize(rows, depth, mismatches, sampled=temperature > 0), **shape}
 
 
 def summarize(rows: list[dict], depth: int, mismatches: list[int], sampled: bool = False) -> dict:
@@ -86,10 +99,13 @@ def summarize(rows: list[dict], depth: int, mismatches: list[int], sampled: bool
 @flow(name="layerwave-evaluate")
 def evaluate(model: str = "smollm2-135m", head: str = "", bench: str = "mt-bench", limit: int | None = 10,
              max_new_tokens: int = 128, depth: int = 4, store: str | None = None, temperature: float = 0.0,
-             seed: int = 0) -> dict:
-    """Chain speculative decoding of `bench` prompts with `head`, against the target decoding alone."""
-    check_request(model, head, bench, limit, max_new_tokens, depth, temperature)
-    result = evaluate_task(model, head, bench, limit, max_new_tokens, depth, store, temperature, seed)
+             seed: int = 0, draft: str = "chain", tree_topk: int = 8, tree_tokens: int = 32) -> dict:
+    """Speculative decoding of `bench` prompts with `head`, against the target decoding alone.
+    `draft`: "chain" (`depth` tokens per round) or "tree" (EAGLE-2 dynamic tree `depth` levels
+    deep, `tree_topk` children per expanded node, `tree_tokens` nodes verified per round)."""
+    check_request(model, head, bench, limit, max_new_tokens, depth, temperature, draft, tree_topk, tree_tokens)
+    result = evaluate_task(model, head, bench, limit, max_new_tokens, depth, store, temperature, seed, draft,
+                           tree_topk, tree_tokens)
     create_table_artifact(key="speculative-decoding", table=[{k: result[k] for k in (
         "tau", "speedup", "tokens_per_s", "baseline_tokens_per_s", "lossless", "prompts")}],
         description=f"{model} with head {head} on {bench}")

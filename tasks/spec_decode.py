@@ -1,6 +1,7 @@
-"""Speculative decoding with a Hugging Face target and an EAGLE-3 draft head (chain drafting).
+"""Speculative decoding with a Hugging Face target and an EAGLE-3 draft head.
 
-Per round: the head drafts `depth` tokens after the last accepted one; the target verifies them
+Per round (chain drafting; tasks/tree_decode.py drafts EAGLE-2 trees instead, with the same
+loop): the head drafts `depth` tokens after the last accepted one; the target verifies them
 in one forward pass (which also yields the hidden states the head reads next); an accepted prefix
 is kept plus one token from the target (the bonus, or the correction at the first rejection), and
 both KV caches are rolled back to it. Greedy: a draft is accepted when it is the target's own
@@ -17,6 +18,7 @@ from dataclasses import dataclass, field
 import torch
 
 from tasks.draft_head import DraftHead
+from tasks.tree_decode import DraftTree, TreeShape, draft_tree, tree_round
 
 
 class HeadDrafter:
@@ -55,6 +57,10 @@ class HeadDrafter:
                 position = torch.tensor([[self.length + step]])
                 hidden, past = self.head.decode(hidden, torch.tensor([[tokens[-1]]]), position, past)
         return tokens, distributions
+
+    def propose_tree(self, depth: int, shape: TreeShape) -> DraftTree:
+        """An EAGLE-2 dynamic tree `depth` levels deep after the last committed pair."""
+        return draft_tree(self, depth, shape)
 
 
 def accept_greedy(target_logits: torch.Tensor, drafts: list[int]) -> list[int]:
@@ -99,8 +105,26 @@ def aux_states(hidden_states, layers: list[int]) -> torch.Tensor:
 
 
 @torch.no_grad()
+def chain_round(target, cache, drafter, last: int, depth: int, temperature: float = 0.0, generator=None):
+    """One chain round: draft `depth` tokens after `last`, verify them in one target forward, crop
+    the rejected ones from the target's cache. Returns what `tree_round` returns."""
+    drafts, draft_probs = drafter.propose(depth, temperature, generator)
+    out = target(input_ids=torch.tensor([[last, *drafts]]), past_key_values=cache, output_hidden_states=True,
+                 use_cache=True)
+    logits = out.logits[0].float()
+    new = (accept_sampled(torch.softmax(logits / temperature, -1), draft_probs, drafts, generator)
+           if temperature > 0 else accept_greedy(logits, drafts))
+    rejected = depth - (len(new) - 1)
+    if rejected:
+        cache.crop(-rejected)  # a negative count removes that many positions (transformers 4.x and 5.x)
+    return new, out.hidden_states, torch.arange(len(new))
+
+
+@torch.no_grad()
 def speculative_generate(target, layers: list[int], drafter, prompt: list[int], max_new_tokens: int, depth: int,
-                         eos_token_id: int | None, temperature: float = 0.0, generator=None) -> Generation:
+                         eos_token_id: int | None, temperature: float = 0.0, generator=None,
+                         tree: TreeShape | None = None) -> Generation:
+    """Chain drafting `depth` tokens per round, or with `tree` an EAGLE-2 tree `depth` levels deep."""
     began = time.perf_counter()
     ids = torch.tensor([prompt])
     out = target(input_ids=ids, output_hidden_states=True, use_cache=True)
@@ -111,19 +135,15 @@ def speculative_generate(target, layers: list[int], drafter, prompt: list[int], 
     drafter.observe(aux_states(out.hidden_states, layers), torch.tensor(prompt[1:] + generated))
     result = Generation(tokens=generated)
     while not _finished(result.tokens, max_new_tokens, eos_token_id):
-        drafts, draft_probs = drafter.propose(depth, temperature, generator)
-        out = target(input_ids=torch.tensor([[result.tokens[-1], *drafts]]), past_key_values=cache,
-                     output_hidden_states=True, use_cache=True)
-        logits = out.logits[0].float()
-        new = (accept_sampled(torch.softmax(logits / temperature, -1), draft_probs, drafts, generator)
-               if temperature > 0 else accept_greedy(logits, drafts))
-        accepted = len(new) - 1
-        rejected = depth - accepted
-        if rejected:
-            cache.crop(-rejected)  # a negative count removes that many positions (transformers 4.x and 5.x)
-        drafter.observe(aux_states(out.hidden_states, layers)[: accepted + 1], torch.tensor(new))
+        if tree is None:
+            new, hidden_states, rows = chain_round(target, cache, drafter, result.tokens[-1], depth, temperature,
+                                                   generator)
+        else:
+            new, hidden_states, rows = tree_round(target, cache, drafter, result.tokens[-1], depth, tree,
+                                                  temperature, generator)
+        drafter.observe(aux_states(hidden_states, layers)[rows], torch.tensor(new))
         result.forwards += 1
-        result.accepted.append(accepted)
+        result.accepted.append(len(new) - 1)
         result.tokens += new
     result.tokens = _trim(result.tokens, max_new_tokens, eos_token_id)
     result.seconds = time.perf_counter() - began
