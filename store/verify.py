@@ -11,19 +11,29 @@ import zarr
 from store import commit, schema
 from store.access import check_schema
 from store.dtypes import decode
+from store.errors import LayerwaveError, store_writes
 from store.layout import Layout
 
 SHARD_ARRAYS = (schema.HIDDEN_STATES, schema.ENTROPY, schema.TOPK_IDS, schema.TOPK_LOGPROBS)
 
 
+def _open(store: str, model_key: str | None = None, mode: str = "r") -> zarr.Group:
+    """The store root or a model's activations; a missing one is the user's mistake, not a crash."""
+    path = schema.activations_path(model_key) if model_key else ""
+    try:
+        return zarr.open_group(store, path=path, mode=mode, use_consolidated=False)
+    except (FileNotFoundError, zarr.errors.GroupNotFoundError):
+        what = f"no activations for {model_key} in store {store}" if model_key else f"no store at {store}"
+        raise LayerwaveError(f"{what}; pass the --store (and --model) an extraction wrote") from None
+
+
 def model_keys(store: str) -> list[str]:
-    root = zarr.open_group(store, mode="r", use_consolidated=False)
-    return sorted(name for name, group in root.groups() if schema.ACTIVATIONS in group)
+    return sorted(name for name, group in _open(store).groups() if schema.ACTIVATIONS in group)
 
 
 def verify_model(store: str, model_key: str) -> tuple[list[str], list[int]]:
     """(problems, shards to re-extract) for one model's activations."""
-    group = zarr.open_group(store, path=schema.activations_path(model_key), mode="r", use_consolidated=False)
+    group = _open(store, model_key)
     if "plan_hash" not in group.attrs:
         return [f"{model_key}: the template was never finished; re-run the extraction"], []
     layout = Layout(**group.attrs["layout"])
@@ -70,10 +80,11 @@ def _token_problems(group: zarr.Group, layout: Layout, key: str) -> list[str]:
 
 def uncommit(store: str, model_key: str, shards: list[int]) -> None:
     """Mark damaged shards for rewriting: the next extraction with the same arguments redoes them."""
-    group = zarr.open_group(store, path=schema.activations_path(model_key), mode="r+", use_consolidated=False)
-    for shard in shards:
-        group[schema.SHARD_COMMITTED][shard] = False
-    group.attrs["complete"] = False
+    group = _open(store, model_key, mode="r+")
+    with store_writes(store):
+        for shard in shards:
+            group[schema.SHARD_COMMITTED][shard] = False
+        group.attrs["complete"] = False
 
 
 def extract_command(store: str, model_key: str) -> str:

@@ -16,7 +16,7 @@ from prefect.cache_policies import NO_CACHE
 from store import commit, schema
 from store.access import check_schema, consolidate, open_root
 from store.dtypes import choose_storage_dtype, encode
-from store.errors import LayerwaveError
+from store.errors import LayerwaveError, store_writes
 from store.layout import Layout, auto_chunking, create_template
 from store.lock import holder
 from tasks import load_model
@@ -90,44 +90,46 @@ def prepare_store(request: ExtractRequest) -> dict:
     wanted_hash = plan_hash(plan, identity)
 
     probe_peak = _probe_peak(loaded, plan, request)  # before any write: a NaN model changes nothing
-    root = open_root(request.store)
-    key = loaded.provenance["key"]
-    existing = _existing_group(root, key)
-    if existing is not None and existing.attrs.get("plan_hash") == wanted_hash:
-        return _summary(request.store, key, existing)
-    if existing is not None and existing.attrs.get("plan_hash") and not request.overwrite:
-        raise LayerwaveError(
-            f"store {request.store} already holds activations of {key} from another corpus or settings; "
-            "pass --overwrite to replace them, or use another --store"
-        )
-    if existing is not None:
-        del root[key][schema.ACTIVATIONS]  # an interrupted template or a replaced extraction
-    storage_dtype = choose_storage_dtype(request.storage_dtype, loaded.model.dtype, probe_peak)
-    layout = Layout(n_layers=n_layers, n_tokens=plan.n_tokens, hidden_size=loaded.hidden_size, topk=request.topk,
-                    tokens_per_chunk=tokens_per_chunk, chunks_per_shard=chunks_per_shard, storage_dtype=storage_dtype)
-    batch_tokens = request.batch_tokens or auto_batch_tokens(
-        loaded.device, n_layers, loaded.hidden_size, loaded.model.config.vocab_size)
-    group = root.require_group(key).create_group(schema.ACTIVATIONS)
-    group.create_array("source_record", shape=plan.source_record.shape, dtype="int32",
-                       dimension_names=["document"])[:] = plan.source_record
-    create_template(group, layout, _per_token(plan), attrs={
-        "schema_version": schema.SCHEMA_VERSION,
-        "layer_convention": schema.LAYER_CONVENTION,
-        "labels": schema.LABELS_DOC,
-        "model": {**loaded.provenance, "argument": request.model, "num_hidden_layers": loaded.num_layers,
-                  "hidden_size": loaded.hidden_size, "vocab_size": loaded.model.config.vocab_size,
-                  "compute_dtype": str(loaded.model.dtype).removeprefix("torch.")},
-        "corpus": {"spec": request.corpus, "seed": request.seed, "tokens_requested": request.tokens,
-                   "max_length": request.max_length, "documents": int(len(plan.source_record)),
-                   "tokens": plan.n_tokens, "sha256": plan.digest()},
-        "extraction": {"topk": request.topk, "batch_tokens": batch_tokens, "dtype": request.dtype,
-                       "storage_dtype_requested": request.storage_dtype, "probe_peak_abs": probe_peak},
-        "layout": layout.as_attrs(),
-        "complete": False,
-        "plan_hash": wanted_hash,  # written last by create_template: marks the template whole
-    })
-    consolidate(request.store)
-    return _summary(request.store, key, group)
+    with store_writes(request.store):  # a full or read-only disk: one clear message
+        root = open_root(request.store)
+        key = loaded.provenance["key"]
+        existing = _existing_group(root, key)
+        if existing is not None and existing.attrs.get("plan_hash") == wanted_hash:
+            return _summary(request.store, key, existing)
+        if existing is not None and existing.attrs.get("plan_hash") and not request.overwrite:
+            raise LayerwaveError(
+                f"store {request.store} already holds activations of {key} from another corpus or settings; "
+                "pass --overwrite to replace them, or use another --store"
+            )
+        if existing is not None:
+            del root[key][schema.ACTIVATIONS]  # an interrupted template or a replaced extraction
+        storage_dtype = choose_storage_dtype(request.storage_dtype, loaded.model.dtype, probe_peak)
+        layout = Layout(n_layers=n_layers, n_tokens=plan.n_tokens, hidden_size=loaded.hidden_size,
+                        topk=request.topk, tokens_per_chunk=tokens_per_chunk, chunks_per_shard=chunks_per_shard,
+                        storage_dtype=storage_dtype)
+        batch_tokens = request.batch_tokens or auto_batch_tokens(
+            loaded.device, n_layers, loaded.hidden_size, loaded.model.config.vocab_size)
+        group = root.require_group(key).create_group(schema.ACTIVATIONS)
+        group.create_array("source_record", shape=plan.source_record.shape, dtype="int32",
+                           dimension_names=["document"])[:] = plan.source_record
+        create_template(group, layout, _per_token(plan), attrs={
+            "schema_version": schema.SCHEMA_VERSION,
+            "layer_convention": schema.LAYER_CONVENTION,
+            "labels": schema.LABELS_DOC,
+            "model": {**loaded.provenance, "argument": request.model, "num_hidden_layers": loaded.num_layers,
+                      "hidden_size": loaded.hidden_size, "vocab_size": loaded.model.config.vocab_size,
+                      "compute_dtype": str(loaded.model.dtype).removeprefix("torch.")},
+            "corpus": {"spec": request.corpus, "seed": request.seed, "tokens_requested": request.tokens,
+                       "max_length": request.max_length, "documents": int(len(plan.source_record)),
+                       "tokens": plan.n_tokens, "sha256": plan.digest()},
+            "extraction": {"topk": request.topk, "batch_tokens": batch_tokens, "dtype": request.dtype,
+                           "storage_dtype_requested": request.storage_dtype, "probe_peak_abs": probe_peak},
+            "layout": layout.as_attrs(),
+            "complete": False,
+            "plan_hash": wanted_hash,  # written last by create_template: marks the template whole
+        })
+        consolidate(request.store)
+        return _summary(request.store, key, group)
 
 
 def _existing_group(root: zarr.Group, key: str) -> zarr.Group | None:
@@ -165,7 +167,8 @@ def open_activations_group(store: str, key: str) -> zarr.Group:
 
 
 def _retry_unless_user_error(task, task_run, state) -> bool:
-    """Retry crashes and I/O hiccups, not problems a retry cannot fix (NaN model, overflow)."""
+    """Retry crashes and I/O hiccups, not problems a retry cannot fix (NaN model, overflow, a full
+    or read-only disk: `store_writes` makes those LayerwaveErrors)."""
     return not isinstance(state.result(raise_on_failure=False), LayerwaveError)
 
 
@@ -189,11 +192,12 @@ def extract_shard(store: str, key: str, shard: int, device: str = "auto") -> dic
         hidden = encode(outputs.hidden, layout.storage_dtype)
     except LayerwaveError as err:
         raise LayerwaveError(f"shard {shard}: {err}") from None
-    group[schema.HIDDEN_STATES][:, start:stop, :] = hidden
-    group[schema.ENTROPY][start:stop] = outputs.entropy
-    group[schema.TOPK_IDS][start:stop] = outputs.topk_ids
-    group[schema.TOPK_LOGPROBS][start:stop] = outputs.topk_logprobs
-    commit.mark_committed(group, shard)
+    with store_writes(store):
+        group[schema.HIDDEN_STATES][:, start:stop, :] = hidden
+        group[schema.ENTROPY][start:stop] = outputs.entropy
+        group[schema.TOPK_IDS][start:stop] = outputs.topk_ids
+        group[schema.TOPK_LOGPROBS][start:stop] = outputs.topk_logprobs
+        commit.mark_committed(group, shard)
     return {"shard": shard, "tokens": stop - start, "seconds": time.perf_counter() - started, "skipped": False}
 
 
@@ -201,6 +205,7 @@ def extract_shard(store: str, key: str, shard: int, device: str = "auto") -> dic
 def finalize_store(store: str, key: str) -> dict:
     """Mark the group complete and refresh consolidated metadata: the last write of an extraction."""
     group = open_activations_group(store, key)
-    commit.mark_complete(group)
-    consolidate(store)
+    with store_writes(store):
+        commit.mark_complete(group)
+        consolidate(store)
     return _summary(store, key, group)
