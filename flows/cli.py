@@ -29,19 +29,20 @@ def _extract_parser(sub) -> None:
     p.add_argument("--chunks-per-shard", type=int, help="default: ~128 MiB shards")
     p.add_argument("--batch-tokens", type=int, help="tokens per forward pass (default: adapts to the device)")
     p.add_argument("--workers", type=int, default=1, help="shards extracted concurrently")
+    p.add_argument("--part", help="i/n: write only the i-th of n interleaved shard subsets, so n machines or "
+                                  "deployment runs fill one store together (the last part to finish finalizes)")
     p.add_argument("--overwrite", action="store_true", help="replace this model's activations made with other settings")
     p.add_argument("--json", help="also write the run summary to this JSON file")
 
 
 def _run_extract(args) -> dict:
+    from flows.extract import extract, parse_part
     from tasks.extract import ExtractRequest, check_request
 
-    options = {k: v for k, v in vars(args).items() if k not in ("command", "json", "workers")}
-    check_request(ExtractRequest(**options))  # bad input fails here, before Prefect starts
+    options = {k: v for k, v in vars(args).items() if k not in ("command", "json", "workers", "part")}
+    check_request(ExtractRequest(**options), parse_part(args.part))  # bad input fails here, before Prefect starts
     _configure_logging()
-    from flows.extract import extract
-
-    summary = extract(**options, workers=args.workers)
+    summary = extract(**options, workers=args.workers, part=args.part)
     print(json.dumps(summary, indent=2))
     return summary
 

@@ -1,6 +1,8 @@
 """The extraction flow: tokenize and plan → extract every shard → finalize.
 
-Re-running skips committed shards, so a killed run resumes where it stopped.
+Re-running skips committed shards, so a killed run resumes where it stopped. With `part` "i/n",
+n runs (e.g. deployment runs on n GPU workers) fill one store together: run i writes the pending
+shards s with s mod n = i − 1, whole shards only, and whichever part finishes last finalizes.
 """
 
 from __future__ import annotations
@@ -11,8 +13,10 @@ from collections import deque
 from prefect import flow, get_run_logger
 from prefect.artifacts import create_progress_artifact, update_progress_artifact
 
-from store.lock import writer_lock
-from tasks.extract import ExtractRequest, check_request, extract_shard, finalize_store, prepare_store
+from store.errors import LayerwaveError
+from store.lock import WHOLE, setup_lock, writer_lock
+from tasks.extract import (ExtractRequest, all_committed, check_request, extract_shard, finalize_store,
+                           prepare_store)
 
 
 @flow(name="layerwave-extract")
@@ -32,17 +36,23 @@ def extract(
     batch_tokens: int | None = None,
     overwrite: bool = False,
     workers: int = 1,
+    part: str | None = None,
 ) -> dict:
-    """Write the hidden states of every layer of `model` over `corpus` into `store`."""
+    """Write the hidden states of every layer of `model` over `corpus` into `store` (or, with
+    `part` "i/n", the i-th of n interleaved subsets of its shards)."""
     logger = get_run_logger()
     request = ExtractRequest(model, corpus, tokens, store, max_length, seed, device, dtype, storage_dtype, topk,
                              tokens_per_chunk, chunks_per_shard, batch_tokens, overwrite)
-    check_request(request)
-    with writer_lock(store, request.model_key):
-        plan = prepare_store(request)
-        key, pending = plan["model_key"], plan["pending"]
-        logger.info("%s: %d tokens in %d shards, %d already committed, %d to extract (storage %s)",
-                    key, plan["n_tokens"], plan["n_shards"], plan["committed"], len(pending), plan["storage_dtype"])
+    index, count = parse_part(part)
+    check_request(request, (index, count))
+    with writer_lock(store, request.model_key, (index, count)):
+        with setup_lock(store, request.model_key):
+            plan = prepare_store(request)
+        key = plan["model_key"]
+        pending = [shard for shard in plan["pending"] if shard % count == index]
+        logger.info("%s: %d tokens in %d shards, %d already committed, %d to extract%s (storage %s)",
+                    key, plan["n_tokens"], plan["n_shards"], plan["committed"], len(pending),
+                    f" as part {part}" if count > 1 else "", plan["storage_dtype"])
         artifact = create_progress_artifact(progress=100.0 * plan["committed"] / plan["n_shards"],
                                             description=f"layerwave extract {key} → {store}")
         started, written, done = time.perf_counter(), 0, plan["committed"]
@@ -53,10 +63,28 @@ def extract(
             logger.info("shard %d done (%d/%d), %.0f tokens/s, ~%.0f s left", result["shard"], done,
                         plan["n_shards"], rate, eta)
             update_progress_artifact(artifact, progress=100.0 * done / plan["n_shards"])
-        summary = finalize_store(store, key)
+        with setup_lock(store, key):
+            complete = all_committed(store, key)
+            summary = {**(finalize_store(store, key) if complete else plan), "complete": complete}
     summary.update(tokens_written=written, seconds=round(time.perf_counter() - started, 3))
-    logger.info("%s complete: %d tokens in %s (group %s/activations)", key, summary["n_tokens"], store, key)
+    if complete:
+        logger.info("%s complete: %d tokens in %s (group %s/activations)", key, summary["n_tokens"], store, key)
+    else:
+        logger.info("part %s of %s done; other parts still have shards to write", part, key)
     return summary
+
+
+def parse_part(part: str | None) -> tuple[int, int]:
+    """"i/n" (1-based, as users count) → (i − 1, n); None → the whole store."""
+    if part is None:
+        return WHOLE
+    try:
+        index, count = (int(x) for x in part.split("/"))
+    except ValueError:
+        raise LayerwaveError(f"--part {part!r} should be i/n, e.g. 1/2 for the first of two parts") from None
+    if not 1 <= index <= count:
+        raise LayerwaveError(f"--part {part}: i must be between 1 and n (got {index} of {count})")
+    return index - 1, count
 
 
 def _windowed(submit, items, width: int):

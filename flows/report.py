@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import shutil
+from pathlib import Path
 
 import xarray as xr
 import zarr
@@ -47,12 +49,21 @@ def report_task(store: str, model_key: str, preset: str, sets: list[list[int]] |
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "report.md").write_text(text)
     (folder / "results.json").write_text(json.dumps({"rows": rows, "rank_correlation": correlation}, indent=2) + "\n")
+    if p.publish:
+        _publish(folder, Path(p.publish) / model_key)
     create_markdown_artifact(key=f"report-{_artifact_key(model_key)}", markdown=text,
                              description=f"layerwave report for {model_key}")
     if rows:
         create_table_artifact(key=f"results-{_artifact_key(model_key)}", table=[
             {k: r[k] for k in ("layers", "method", "bench", "tau_mean", "tau_ci95", "speedup_mean")} for r in rows])
     return {"path": str(folder / "report.md"), "rows": rows, "rank_correlation": correlation}
+
+
+def _publish(folder: Path, target: Path) -> None:
+    """The small files of a report (Markdown, plots, result rows), for committing beside the code."""
+    target.mkdir(parents=True, exist_ok=True)
+    for path in [folder / "report.md", folder / "results.json", *folder.glob("*.png")]:
+        shutil.copy2(path, target / path.name)
 
 
 def _artifact_key(model_key: str) -> str:

@@ -18,7 +18,7 @@ from store.access import check_schema, consolidate, open_root
 from store.dtypes import choose_storage_dtype, encode
 from store.errors import LayerwaveError, store_writes
 from store.layout import Layout, auto_chunking, create_template
-from store.lock import holder
+from store.lock import WHOLE, holder
 from tasks import load_model
 from tasks.corpus import load_corpus
 from tasks.forward import auto_batch_tokens, forward_shard
@@ -50,7 +50,7 @@ class ExtractRequest:
         return resolve(self.model).key
 
 
-def check_request(request: ExtractRequest) -> None:
+def check_request(request: ExtractRequest, part: tuple[int, int] = WHOLE) -> None:
     """Every check that needs no model or forward pass, so bad input fails before any write."""
     if request.tokens < 1:
         raise LayerwaveError(f"--tokens must be at least 1 (got {request.tokens})")
@@ -65,7 +65,7 @@ def check_request(request: ExtractRequest) -> None:
     load_model.pick_device(request.device)
     load_model.pick_dtype(request.dtype)
     choose_storage_dtype(request.storage_dtype, load_model.DTYPES["float32"], 0.0)
-    running = holder(request.store, spec.key)
+    running = holder(request.store, spec.key, part)
     if running:
         raise LayerwaveError(f"another extraction of {spec.key} is writing to {request.store} (pid {running}); "
                              "wait for it to finish or stop it, then re-run (finished shards are kept)")
@@ -199,6 +199,10 @@ def extract_shard(store: str, key: str, shard: int, device: str = "auto") -> dic
         group[schema.TOPK_LOGPROBS][start:stop] = outputs.topk_logprobs
         commit.mark_committed(group, shard)
     return {"shard": shard, "tokens": stop - start, "seconds": time.perf_counter() - started, "skipped": False}
+
+
+def all_committed(store: str, key: str) -> bool:
+    return bool(commit.committed(open_activations_group(store, key)).all())
 
 
 @task(name="finalize-store", cache_policy=NO_CACHE)

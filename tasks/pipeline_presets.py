@@ -34,6 +34,7 @@ class PipelinePreset:
     max_new_tokens: int
     depth: int
     memory_gb: float = 4.0
+    publish: str | None = None  # also copy the report, its plots and result rows to <publish>/<model>/
 
 
 PIPELINE_PRESETS = {
@@ -47,7 +48,7 @@ PIPELINE_PRESETS = {
     "study": PipelinePreset(
         store="layerwave-study.zarr", tokens=100000, max_length=2048, entropy_quantile=0.5, n_random=2, candidates=16,
         train_preset="quick", epochs=2, seeds=(0, 1, 2), benches=("mt-bench", "sharegpt"), prompts=8,
-        max_new_tokens=64, depth=4),
+        max_new_tokens=64, depth=4, publish="results"),
     "full": PipelinePreset(
         store="layerwave-full.zarr", tokens=2_000_000, max_length=2048, entropy_quantile=0.5, n_random=3,
         candidates=16, train_preset="full", epochs=None, seeds=(0, 1, 2), benches=("mt-bench", "sharegpt"),

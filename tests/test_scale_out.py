@@ -1,0 +1,41 @@
+"""Scale-out: two processes extract disjoint halves of one store at the same time (`--part 1/2`
+and `--part 2/2`); together they leave a store identical to a single run's, and the part locks
+refuse a conflicting writer."""
+
+from __future__ import annotations
+
+import pytest
+
+from flows.extract import extract, parse_part
+from store.errors import LayerwaveError
+from store.lock import writer_lock
+from tests.conftest import TINY, extract_options
+from tests.processes import assert_identical_stores, cli_argv, error_line, run, start
+
+
+def test_two_parts_running_together_fill_one_store(tmp_path, corpus, prefect_api):
+    options = dict(tokens=3000, batch_tokens=256)
+    extract(**extract_options(tmp_path / "single.zarr", corpus, **options))
+    shared = tmp_path / "shared.zarr"
+    argv = cli_argv("extract", extract_options(shared, corpus, **options))
+    processes = [start(argv + ["--part", f"{i}/2"], prefect_api) for i in (1, 2)]
+    assert [process.wait(timeout=300) for process in processes] == [0, 0]
+    assert_identical_stores(str(tmp_path / "single.zarr"), str(shared), f"{TINY}/activations")
+
+
+def test_a_whole_run_is_refused_while_parts_write(tmp_path, corpus, prefect_api):
+    store = str(tmp_path / "busy.zarr")
+    with writer_lock(store, TINY, parse_part("1/2")):
+        with writer_lock(store, TINY, parse_part("2/2")):  # parts share the model's lock
+            refused = run(cli_argv("extract", extract_options(store, corpus)), prefect_api)
+            assert refused.returncode == 2
+            assert "another extraction of tiny-random-llama is writing" in error_line(refused.stderr)
+        with pytest.raises(LayerwaveError, match="another extraction"):
+            with writer_lock(store, TINY, parse_part("1/2")):  # the same part twice
+                pass
+
+
+@pytest.mark.parametrize("part, message", [("2", "should be i/n"), ("3/2", "between 1 and n"), ("0/2", "between")])
+def test_bad_part_is_refused(part, message):
+    with pytest.raises(LayerwaveError, match=message):
+        parse_part(part)
