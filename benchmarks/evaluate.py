@@ -4,6 +4,7 @@ same run.
 
     python benchmarks/evaluate.py [--tokens 20000] [--limit 5] [--max-new-tokens 64] [--depth 4]
                                   [--tree-topk 8] [--tree-tokens 32] [--store S --head DIR]
+                                  [--benches mt-bench,sharegpt] [--out benchmarks/out/evaluate.json]
 
 Extracts ShareGPT activations, trains a `quick` head on the EAGLE-3 default layers (or reuses
 `--head`, trained on `--store`), and runs greedy speculative decoding, chain then tree, on
@@ -39,6 +40,7 @@ def main() -> None:
     parser.add_argument("--tree-topk", type=int, default=8)
     parser.add_argument("--tree-tokens", type=int, default=32)
     parser.add_argument("--head", help="reuse this trained head (with the --store it was trained on)")
+    parser.add_argument("--benches", default="mt-bench,sharegpt", help="comma-separated")
     parser.add_argument("--out", default="benchmarks/out/evaluate.json")
     args = parser.parse_args()
     if args.head and not args.store:
@@ -53,7 +55,7 @@ def main() -> None:
         extract(model=args.model, corpus="sharegpt", tokens=args.tokens, store=store)
         trained = train_head(model=args.model, store=store, out=head, preset_name="quick")
     results = {"model": args.model, "tokens_in_store": args.tokens, "head": trained, "benches": {}}
-    for bench in ("mt-bench", "sharegpt"):
+    for bench in args.benches.split(","):
         for draft in ("chain", "tree"):
             result = evaluate(model=args.model, head=head, bench=bench, limit=args.limit,
                               max_new_tokens=args.max_new_tokens, depth=args.depth, store=store, draft=draft,
