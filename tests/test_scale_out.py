@@ -1,6 +1,6 @@
 """Scale-out: two processes extract disjoint halves of one store at the same time (`--part 1/2`
 and `--part 2/2`); together they leave a store identical to a single run's, and the part locks
-refuse a conflicting writer."""
+refuse a conflicting writer. A store may also be an fsspec URL."""
 
 from __future__ import annotations
 
@@ -39,3 +39,12 @@ def test_a_whole_run_is_refused_while_parts_write(tmp_path, corpus, prefect_api)
 def test_bad_part_is_refused(part, message):
     with pytest.raises(LayerwaveError, match=message):
         parse_part(part)
+
+
+def test_an_fsspec_url_store_holds_the_same_activations(tmp_path, corpus):
+    """Object stores come in as fsspec URLs (s3://, gs://); memory:// has their semantics (no
+    directories, no flock) inside this process."""
+    options = dict(tokens=600, batch_tokens=256)
+    extract(**extract_options(tmp_path / "local.zarr", corpus, **options))
+    extract(**extract_options("memory://scale-out/url.zarr", corpus, **options))
+    assert_identical_stores(str(tmp_path / "local.zarr"), "memory://scale-out/url.zarr", f"{TINY}/activations")
