@@ -25,7 +25,9 @@ class StepResult:
 
 
 def shift_left(x: torch.Tensor, n: int, fill) -> torch.Tensor:
-    """x[:, t] ← x[:, t + n], padding the end with `fill`."""
+    """x[:, t] ← x[:, t + n], padding the end with `fill` (all fill when n ≥ the width: a batch of
+    short windows unrolled further than they reach)."""
+    n = min(n, x.shape[1])
     if n == 0:
         return x
     pad = torch.full((x.shape[0], n) + tuple(x.shape[2:]), fill, dtype=x.dtype)

@@ -17,6 +17,7 @@ from tasks.draft_head import draft_vocabulary, target_to_draft
 from tasks.export_head import export, from_runtime_ids, load_exported, to_runtime_ids
 from tasks.train_data import StoreBatches
 from tasks.train_head import build_head, preset, train
+from tasks.ttt import unroll
 from tests.conftest import LAYERS, TINY
 
 
@@ -139,3 +140,15 @@ def test_train_cli_exports_and_records(training_store, tmp_path):
     assert record["layers"] == [2, 4, 5] and record["config"]["ttt_steps"] == 2
     assert (out / "model.safetensors").is_file() and json.loads((out / "config.json").read_text())[
         "eagle_aux_hidden_state_layer_ids"] == [2, 4, 5]
+
+
+def test_a_batch_of_windows_shorter_than_the_unroll_trains(training_store):
+    """Document tails can leave a batch of 2-token windows; a 3-step unroll must still score it
+    (the steps past the window's end count nothing)."""
+    data = StoreBatches(training_store, TINY, LAYERS, seq_len=64, batch_size=2, seed=0)
+    shard, windows = data.plan(0)[0]
+    short = [(start, start + 2) for start, _ in windows]
+    batch = next(data.batches([(shard, short)]))
+    head = build_head(data, preset("smoke"))
+    results = unroll(head, batch, target_to_draft(head.t2d), steps=3)
+    assert [r.counted for r in results][1:] == [0, 0] and all(torch.isfinite(r.loss) for r in results)
