@@ -120,6 +120,7 @@ def train(store: str, model_key: str, layers: list[int], out: Path, config: Trai
     index = target_to_draft(head.t2d)
     weights = [0.8 ** i for i in range(config.ttt_steps)]
     started, tokens = time.perf_counter(), 0
+    progress_every = max(1, math.ceil(total / 10))
     while step < total and (stop_after is None or step < stop_after):
         epoch, offset = divmod(step, per_epoch)
         for batch in data.batches(data.plan(epoch), skip=offset):
@@ -140,6 +141,10 @@ def train(store: str, model_key: str, layers: list[int], out: Path, config: Trai
                 history.append({"step": step, "train_loss": loss.item(), **metrics})
                 log(f"step {step}/{total} loss {loss.item():.3f} held-out accuracy per TTT step "
                     + " ".join(f"{a:.3f}" for a in metrics["accuracy"]))
+                _save(checkpoint, head, optimizer, step, history, untrained, layers, config, source)
+            elif step % progress_every == 0:  # between evaluations: a progress line and a resume point
+                log(f"step {step}/{total} loss {loss.item():.3f}, "
+                    f"{tokens / (time.perf_counter() - started):.0f} training tokens/s")
                 _save(checkpoint, head, optimizer, step, history, untrained, layers, config, source)
             if step >= total or (stop_after is not None and step >= stop_after):
                 break

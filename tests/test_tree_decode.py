@@ -25,11 +25,11 @@ def chi_square(counts: torch.Tensor, expected: torch.Tensor) -> float:
 
 @pytest.mark.parametrize("which", ["trained", "untrained"])
 @pytest.mark.parametrize("depth", [1, 4])
-def test_greedy_tree_output_equals_the_targets_own(tiny, trained, which, depth):
+def test_greedy_chain_and_tree_output_equals_the_targets_own(tiny, trained, which, depth):
     head = trained[0] if which == "trained" else untrained_like(trained[0])
     for prompt in prompts(tiny):
         base = plain_generate(tiny.model, prompt, 24, None)
-        for shape in SHAPES:
+        for shape in (None, *SHAPES):  # None: chain drafting
             spec = speculative_generate(tiny.model, LAYERS, HeadDrafter(head), prompt, 24, depth, None, tree=shape)
             assert spec.tokens == base.tokens and len(spec.tokens) == 24
             assert spec.forwards == len(spec.accepted) and all(0 <= a <= depth for a in spec.accepted)
