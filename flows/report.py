@@ -43,7 +43,9 @@ def report_task(store: str, model_key: str, preset: str, sets: list[list[int]] |
              "training tokens (ShareGPT)": corpus["tokens"], "documents": corpus["documents"],
              "seeds": ", ".join(map(str, p.seeds)), "benchmarks": ", ".join(benches),
              "prompts per benchmark": p.prompts, "max new tokens": p.max_new_tokens, "draft depth": p.depth,
-             "selection scored on token filter": REFERENCE}
+             "selection scored on token filter": REFERENCE,
+             "evaluated (set, seed, bench)": f"{sum(len(r['seeds']) for r in rows)} of "
+                                             f"{len(candidates) * len(p.seeds) * len(benches)}"}
     plots = [path.name for path in sorted(folder.glob("*.png"))]
     text = markdown(f"layerwave report: {model_key} ({preset})", facts, plots, candidates, rows, correlation, benches)
     folder.mkdir(parents=True, exist_ok=True)

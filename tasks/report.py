@@ -97,7 +97,9 @@ def verdict(rows: list[dict], bench: str) -> str:
         return f"{bench}: no evaluated EAGLE-3 default to compare with."
     best = max(here, key=lambda r: r["tau_mean"])
     if best is default:
-        return f"{bench}: the EAGLE-3 default {default['layers']} has the highest mean τ ({default['tau_mean']:.3f})."
+        single = " from one seed: no interval, no conclusion" if default["tau_ci95"] is None else ""
+        return (f"{bench}: the EAGLE-3 default {default['layers']} has the highest mean τ ({default['tau_mean']:.3f}) "
+                f"of {len(here)} sets{single}.")
     if best["tau_ci95"] is None or default["tau_ci95"] is None:
         return (f"{bench}: {best['layers']} ({best['method']}) has mean τ {best['tau_mean']:.3f} vs "
                 f"{default['tau_mean']:.3f} for the default, from one seed: no interval, no conclusion.")
