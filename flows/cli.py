@@ -289,16 +289,10 @@ def _pipeline_parser(sub) -> None:
 
 
 def _run_pipeline(args) -> dict:
-    from tasks.pipeline_presets import pipeline_preset
-    from tasks.registry import resolve
+    from flows.pipeline import check_request, pipeline
 
-    pipeline_preset(args.preset)
-    resolve(args.model)
-    if args.limit is not None and args.limit < 1:
-        raise LayerwaveError(f"--limit must be at least 1 (got {args.limit})")
+    check_request(args.model, args.preset, args.limit)
     _configure_logging()
-    from flows.pipeline import pipeline
-
     summary = pipeline(model=args.model, preset=args.preset, store=args.store, limit=args.limit)
     print(f"report: {summary['report']}")
     return summary

@@ -92,8 +92,9 @@ def summarize(rows: list[dict], depth: int, mismatches: list[int], sampled: bool
     return {"tau": (sum(rounds) + len(rounds)) / max(len(rounds), 1),
             "per_position": [float(np.mean([a > i for a in rounds])) if rounds else 0.0 for i in range(depth)],
             "tokens_per_s": tokens / seconds, "baseline_tokens_per_s": baseline_tokens / baseline,
-            "speedup": (tokens / seconds) / (baseline_tokens / baseline), "lossless": None if sampled else not mismatches, "mismatched_prompts": mismatches, "prompts": len(rows), "tokens": tokens,
-            "depth": depth, "rows": rows}
+            "speedup": (tokens / seconds) / (baseline_tokens / baseline),
+            "lossless": None if sampled else not mismatches, "mismatched_prompts": mismatches,
+            "prompts": len(rows), "tokens": tokens, "depth": depth, "rows": rows}
 
 
 @flow(name="layerwave-evaluate")

@@ -10,11 +10,9 @@ A finished model re-runs with no stage work; a failed or deleted stage re-runs a
 from __future__ import annotations
 
 import json
-import os
 from datetime import datetime, timezone
 from pathlib import Path
 
-import zarr
 from prefect import flow, get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
@@ -25,29 +23,33 @@ from flows.report import report_task
 from flows.selection import select
 from flows.train import train_head
 from store import schema
+from store.access import open_existing
 from store.errors import LayerwaveError
-from tasks.pipeline_presets import REFERENCE_FILTER, PipelinePreset, pipeline_preset
+from tasks.pipeline_presets import REFERENCE_FILTER, PipelinePreset, pipeline_preset, preset_store
 from tasks.plots import reports_dir
 from tasks.registry import registry, resolve
 from tasks.report import evaluation_path, head_dir
-from tasks.stage_key import stage_key
+from tasks.stage_key import current_record, stage_key, write_record
 
 CORPUS = "sharegpt"
 BASELINES = ("even", "last-k")
 
 
-def default_store(preset: str, store: str | None) -> str:
-    return store or pipeline_preset(preset).store
+def check_request(model: str, preset: str, limit: int | None) -> str:
+    """A pipeline request's mistakes, before any stage runs; returns the model's store group."""
+    pipeline_preset(preset)
+    if limit is not None and limit < 1:
+        raise LayerwaveError(f"--limit must be at least 1 (got {limit})")
+    return resolve(model).key  # an unknown model fails here, with the list of known ones
 
 
 def extraction_current(store: str, model_key: str, model: str, p: PipelinePreset) -> bool:
     """True when the store holds a complete extraction made with this pipeline's settings, so the
     extract stage can be skipped without loading the model or the corpus."""
-    try:
-        attrs = zarr.open_group(store, path=schema.activations_path(model_key), mode="r",
-                                use_consolidated=False).attrs
-    except (FileNotFoundError, zarr.errors.GroupNotFoundError):
+    group = open_existing(store, schema.activations_path(model_key))
+    if group is None:
         return False
+    attrs = group.attrs
     corpus = attrs.get("corpus", {})
     return bool(attrs.get("complete")) and attrs.get("model", {}).get("argument") == model and (
         corpus.get("spec"), corpus.get("tokens_requested"), corpus.get("max_length"), corpus.get("seed")) == (
@@ -74,16 +76,12 @@ def evaluate_stage(model: str, head: str, bench: str, p: PipelinePreset, store: 
     training = json.loads((Path(head) / "training.json").read_text())
     key = stage_key(training["stage_key"], bench, p.prompts, p.max_new_tokens, p.depth)
     path = evaluation_path(Path(head), bench)
-    if path.is_file():
-        done = json.loads(path.read_text())
-        if done.get("stage_key") == key:
-            return {**done, "reused": True}
+    done = current_record(path, key)
+    if done:
+        return {**done, "reused": True}
     result = evaluate(model=model, head=head, bench=bench, limit=p.prompts, max_new_tokens=p.max_new_tokens,
                       depth=p.depth, store=store)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    staging = path.with_suffix(".tmp")
-    staging.write_text(json.dumps({**result, "stage_key": key}, indent=2) + "\n")
-    os.replace(staging, path)
+    write_record(path, result, key)
     return {**result, "reused": False}
 
 
@@ -101,11 +99,8 @@ def pipeline(model: str = "smollm2-135m", preset: str = "quick", store: str | No
              limit: int | None = None) -> dict:
     """Extract, analyse, select, train and evaluate every candidate layer set of `model`, then report."""
     logger = get_run_logger()
-    p = pipeline_preset(preset)
-    key = resolve(model).key  # an unknown model fails the run here, with the list of known ones
-    store = default_store(preset, store)
-    if limit is not None and limit < 1:
-        raise LayerwaveError(f"--limit must be at least 1 (got {limit})")
+    key = check_request(model, preset, limit)
+    p, store = pipeline_preset(preset), preset_store(preset, store)
     if extraction_current(store, key, model, p):
         logger.info("extraction of %s in %s is complete", key, store)
     else:
@@ -138,11 +133,10 @@ def pipeline(model: str = "smollm2-135m", preset: str = "quick", store: str | No
 def sweep(preset: str = "quick", store: str | None = None, models: list[str] | None = None) -> dict:
     """Run the pipeline for every registered model (or those named) without a complete result."""
     logger = get_run_logger()
-    pipeline_preset(preset)
+    store = preset_store(preset, store)
     names = list(models) if models else sorted(registry())
-    for name in names:
-        resolve(name)
-    missing = [name for name in names if not is_complete(default_store(preset, store), resolve(name).key, preset)]
+    keys = {name: resolve(name).key for name in names}  # an unknown name fails before any run
+    missing = [name for name in names if not is_complete(store, keys[name], preset)]
     if not missing:
         logger.info("nothing to do: every model (%s) has a complete %s result", ", ".join(names), preset)
     failed = []

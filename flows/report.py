@@ -15,7 +15,7 @@ from prefect.cache_policies import NO_CACHE
 from flows.selection import SELECTION, candidates_from
 from store.errors import LayerwaveError
 from store.read import open_activations
-from tasks.pipeline_presets import REFERENCE_FILTER, pipeline_preset
+from tasks.pipeline_presets import REFERENCE_FILTER, pipeline_preset, preset_store
 from tasks.plots import reports_dir
 from tasks.registry import store_key
 from tasks.report import correlations, load_evaluations, markdown, result_rows
@@ -76,4 +76,4 @@ def _artifact_key(model_key: str) -> str:
 @flow(name="layerwave-report")
 def report(model: str = "smollm2-135m", preset: str = "quick", store: str | None = None) -> dict:
     """Regenerate a model's report from the store and the heads' evaluation results."""
-    return report_task(store or pipeline_preset(preset).store, store_key(model), preset)
+    return report_task(preset_store(preset, store), store_key(model), preset)

@@ -4,15 +4,14 @@ from __future__ import annotations
 
 import numpy as np
 import xarray as xr
-import zarr
 from prefect import flow, get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
-from store.access import check_schema, consolidate
+from store.access import check_schema, consolidate, open_existing
 from store.errors import LayerwaveError
 from tasks.analysis import ANALYSIS, set_entropy
 from tasks.registry import store_key
-from tasks.stage_key import stage_key
+from tasks.stage_key import group_is_current, mark_group_current, stage_key
 from tasks.selection import METHODS, Constraints, LayerScores, check_methods, propose
 
 SELECTION = "selection"
@@ -21,11 +20,8 @@ SELECTION = "selection"
 def analysis_filters(store: str, model_key: str) -> list[str]:
     """Filters with a finished analysis, `all`-like references first; says which command to run if none."""
     check_schema(store)
-    try:
-        group = zarr.open_group(store, path=f"{model_key}/{ANALYSIS}", mode="r", use_consolidated=False)
-        keys = sorted(name for name, _ in group.groups())
-    except (FileNotFoundError, zarr.errors.GroupNotFoundError):
-        keys = []
+    group = open_existing(store, f"{model_key}/{ANALYSIS}")
+    keys = sorted(name for name, _ in group.groups()) if group is not None else []
     if not keys:
         raise LayerwaveError(f"no analysis for {model_key} in {store}; run "
                              f"`layerwave analyze --model {model_key} --store {store}` first")
@@ -37,22 +33,23 @@ def load_scores(store: str, model_key: str, keys: list[str]) -> dict[str, LayerS
                                                        consolidated=False)) for key in keys}
 
 
-def check_request(store: str, model_key: str, reference: str, constraints: Constraints, methods: list[str]) -> None:
-    """Everything about a selection request that can be wrong, before any flow starts."""
+def check_request(store: str, model_key: str, reference: str, constraints: Constraints,
+                  methods: list[str]) -> list[str]:
+    """Everything about a selection request that can be wrong, before any flow starts; returns the
+    filters with an analysis."""
     keys = analysis_filters(store, model_key)
     if reference not in keys:
         raise LayerwaveError(f"no analysis with token filter {reference} for {model_key}; have {', '.join(keys)}")
     check_methods(methods)
     n_layers = xr.open_zarr(store, group=f"{model_key}/{ANALYSIS}/{reference}", consolidated=False).sizes["layer"]
     constraints.allowed(n_layers)
+    return keys
 
 
-def selection_key(store: str, model_key: str, constraints: Constraints, methods: list[str], seed: int,
-                  n_random: int) -> str:
+def selection_key(store: str, model_key: str, filters: list[str], constraints: Constraints, methods: list[str],
+                  seed: int, n_random: int) -> str:
     """The selection's inputs: every analysis it reads (by their own keys) and the request."""
-    analyses = {key: zarr.open_group(store, path=f"{model_key}/{ANALYSIS}/{key}", mode="r",
-                                     use_consolidated=False).attrs.get("stage_key")
-                for key in analysis_filters(store, model_key)}
+    analyses = {key: open_existing(store, f"{model_key}/{ANALYSIS}/{key}").attrs.get("stage_key") for key in filters}
     return stage_key(analyses, constraints, sorted(methods), seed, n_random)
 
 
@@ -60,16 +57,13 @@ def selection_key(store: str, model_key: str, constraints: Constraints, methods:
 def propose_task(store: str, model_key: str, reference: str, constraints: Constraints, methods: list[str],
                  seed: int, n_random: int) -> str:
     """Write `<model>/selection/<reference>` unless it is current; returns its group path."""
-    check_request(store, model_key, reference, constraints, methods)
+    filters = check_request(store, model_key, reference, constraints, methods)
     path = f"{model_key}/{SELECTION}/{reference}"
-    key = selection_key(store, model_key, constraints, methods, seed, n_random)
-    try:
-        if zarr.open_group(store, path=path, mode="r", use_consolidated=False).attrs.get("stage_key") == key:
-            get_run_logger().info("selection %s is current", path)
-            return path
-    except (FileNotFoundError, zarr.errors.GroupNotFoundError):
-        pass
-    candidates = propose(load_scores(store, model_key, analysis_filters(store, model_key)), reference, constraints, methods,
+    key = selection_key(store, model_key, filters, constraints, methods, seed, n_random)
+    if group_is_current(store, path, key):
+        get_run_logger().info("selection %s is current", path)
+        return path
+    candidates = propose(load_scores(store, model_key, filters), reference, constraints, methods,
                          lambda key, layers: set_entropy(store, model_key, key, layers, 1.0), seed, n_random)
     score_names = list(candidates[0].scores)
     ds = xr.Dataset(
@@ -82,7 +76,7 @@ def propose_task(store: str, model_key: str, reference: str, constraints: Constr
                "layer_convention": "HF hidden_states index (see activations attrs)"},
     )
     ds.to_zarr(store, group=path, mode="w", consolidated=False)
-    zarr.open_group(store, path=path, mode="r+", use_consolidated=False).attrs["stage_key"] = key  # last: done
+    mark_group_current(store, path, key)
     consolidate(store)
     return path
 

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import json
-import os
 from pathlib import Path
 
 from prefect import flow, get_run_logger, task
@@ -15,7 +13,7 @@ from store.read import open_activations
 from tasks.export_head import FORMATS, export
 from tasks.registry import store_key
 from tasks.layer_ids import check_layers, eagle3_default
-from tasks.stage_key import stage_key
+from tasks.stage_key import current_record, stage_key, write_record
 from tasks.train_head import preset, train
 
 
@@ -38,14 +36,14 @@ def train_task(store: str, model_key: str, layers: list[int], out: str, preset_n
     logger = get_run_logger()
     config = preset(preset_name, seed=seed, ttt_steps=ttt_steps, epochs=epochs)
     key = stage_key(open_activations(store, model_key).attrs["plan_hash"], layers, config, fmt, verifier)
-    finished = _finished_record(Path(out), key)
-    if finished:
+    finished = current_record(Path(out) / "training.json", key)
+    if finished and (Path(out) / "config.json").is_file():  # the record is written after the export
         logger.info("head %s is already trained from these inputs", out)
         return finished
     head, record = train(store, model_key, layers, Path(out), config, log=logger.info)
     logger.info("trainable parameters: %d", record["trainable_parameters"])
     export(head, Path(out), fmt, verifier, speculative_tokens=config.ttt_steps)
-    _write_atomically(Path(out) / "training.json", json.dumps({**record, "stage_key": key}, indent=2) + "\n")
+    write_record(Path(out) / "training.json", record, key)
     final = record["final"]
     create_table_artifact(
         key="draft-head-accuracy",
@@ -54,21 +52,6 @@ def train_task(store: str, model_key: str, layers: list[int], out: str, preset_n
                for i, (a, l, u) in enumerate(zip(final["accuracy"], final["loss"], record["untrained"]["accuracy"]))],
         description=f"EAGLE-3 head for {model_key} layers {layers} (HF indices)")
     return record
-
-
-def _finished_record(out: Path, key: str) -> dict | None:
-    """The training record of a finished, exported head made from the same inputs, else None."""
-    try:
-        record = json.loads((out / "training.json").read_text())
-    except (FileNotFoundError, json.JSONDecodeError):
-        return None
-    return record if record.get("stage_key") == key and (out / "config.json").is_file() else None
-
-
-def _write_atomically(path: Path, text: str) -> None:
-    staging = path.with_suffix(".tmp")
-    staging.write_text(text)
-    os.replace(staging, path)
 
 
 @flow(name="layerwave-train")

@@ -38,6 +38,14 @@ def check_schema(store: str) -> None:
         )
 
 
+def open_existing(store: str, path: str = "") -> zarr.Group | None:
+    """A group opened for reading, or None when it (or the whole store) does not exist."""
+    try:
+        return zarr.open_group(store, path=path, mode="r", use_consolidated=False)
+    except (FileNotFoundError, zarr.errors.GroupNotFoundError):
+        return None
+
+
 def open_root(store: str) -> zarr.Group:
     """Open (creating if needed) the store root for writing."""
     check_schema(store)

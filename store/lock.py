@@ -46,6 +46,18 @@ def holder(store: str, model_key: str, part: tuple[int, int] = WHOLE) -> str | N
     return None
 
 
+def refuse_if_busy(store: str, model_key: str, part: tuple[int, int] = WHOLE) -> None:
+    """Fail now, before any work, when another writer would refuse this one later."""
+    pid = holder(store, model_key, part)
+    if pid:
+        raise _busy(store, model_key, pid)
+
+
+def _busy(store: str, model_key: str, pid: str) -> LayerwaveError:
+    return LayerwaveError(f"another extraction of {model_key} is writing to {store} (pid {pid}); "
+                          "wait for it to finish or stop it, then re-run (finished shards are kept)")
+
+
 @contextmanager
 def writer_lock(store: str, model_key: str, part: tuple[int, int] = WHOLE):
     """Hold this writer's locks for the duration; fail at once if another writer conflicts."""
@@ -96,10 +108,7 @@ def _take(path: Path, mode: int, store: str, model_key: str):
         handle.seek(0)
         pid = handle.read().strip() or "unknown pid"
         handle.close()
-        raise LayerwaveError(
-            f"another extraction of {model_key} is writing to {store} (pid {pid}); "
-            "wait for it to finish or stop it, then re-run (finished shards are kept)"
-        ) from None
+        raise _busy(store, model_key, pid) from None
     if mode == fcntl.LOCK_EX:  # a shared lock has several holders: no single pid to record
         handle.seek(0)
         handle.truncate()

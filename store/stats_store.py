@@ -9,6 +9,7 @@ from __future__ import annotations
 import numpy as np
 import zarr
 
+from store.access import open_existing
 from store.errors import LayerwaveError
 
 STATS = "stats"
@@ -37,11 +38,8 @@ def create_stats_group(store: str, model_key: str, filter_key: str, n_layers: in
 
 def open_stats(store: str, model_key: str, filter_key: str) -> zarr.Group | None:
     """The complete statistics group, or None when missing or interrupted."""
-    try:
-        group = zarr.open_group(store, path=stats_path(model_key, filter_key), mode="r", use_consolidated=False)
-    except (FileNotFoundError, zarr.errors.GroupNotFoundError):
-        return None
-    return group if group.attrs.get("complete") else None
+    group = open_existing(store, stats_path(model_key, filter_key))
+    return group if group is not None and group.attrs.get("complete") else None
 
 
 def require_stats(store: str, model_key: str, filter_key: str) -> zarr.Group:

@@ -12,7 +12,7 @@ import zarr
 from store.errors import LayerwaveError
 from store.stats_store import BlockReader, open_stats, require_stats
 from tasks.layer_ids import check_layers
-from tasks.stage_key import stage_key
+from tasks.stage_key import group_is_current, mark_group_current, stage_key
 from tasks.measures import (aggregate_covariance, debiased_cka, h2_from_frobenius, h2_subset_closed_form, linear_cka,
                             renyi_entropy, spectrum)
 
@@ -65,18 +65,14 @@ def write_measures(store: str, model_key: str, filter_key: str, alphas) -> None:
     """`<model>/analysis/<filter>`, with its stage key written last so a killed write never looks current."""
     path = f"{model_key}/{ANALYSIS}/{filter_key}"
     layer_measures(store, model_key, filter_key, alphas).to_zarr(store, group=path, mode="w", consolidated=False)
-    stats = require_stats(store, model_key, filter_key)
-    zarr.open_group(store, path=path, mode="r+", use_consolidated=False).attrs["stage_key"] = analysis_key(stats, alphas)
+    mark_group_current(store, path, analysis_key(require_stats(store, model_key, filter_key), alphas))
 
 
 def measures_current(store: str, model_key: str, filter_key: str, alphas) -> bool:
     """True when `<model>/analysis/<filter>` was computed from the current statistics with these orders."""
     stats = open_stats(store, model_key, filter_key)
-    try:
-        done = zarr.open_group(store, path=f"{model_key}/{ANALYSIS}/{filter_key}", mode="r", use_consolidated=False)
-    except (FileNotFoundError, zarr.errors.GroupNotFoundError):
-        return False
-    return stats is not None and done.attrs.get("stage_key") == analysis_key(stats, alphas)
+    return stats is not None and group_is_current(store, f"{model_key}/{ANALYSIS}/{filter_key}",
+                                                  analysis_key(stats, alphas))
 
 
 def set_entropy(store: str, model_key: str, filter_key: str, layers, alpha: float = 1.0,

@@ -18,7 +18,7 @@ from store.access import check_schema, consolidate, open_root
 from store.dtypes import choose_storage_dtype, encode
 from store.errors import LayerwaveError, store_writes
 from store.layout import Layout, auto_chunking, create_template
-from store.lock import WHOLE, holder
+from store.lock import WHOLE, refuse_if_busy
 from tasks import load_model
 from tasks.corpus import load_corpus
 from tasks.forward import auto_batch_tokens, forward_shard
@@ -65,10 +65,7 @@ def check_request(request: ExtractRequest, part: tuple[int, int] = WHOLE) -> Non
     load_model.pick_device(request.device)
     load_model.pick_dtype(request.dtype)
     choose_storage_dtype(request.storage_dtype, load_model.DTYPES["float32"], 0.0)
-    running = holder(request.store, spec.key, part)
-    if running:
-        raise LayerwaveError(f"another extraction of {spec.key} is writing to {request.store} (pid {running}); "
-                             "wait for it to finish or stop it, then re-run (finished shards are kept)")
+    refuse_if_busy(request.store, spec.key, part)
     load_corpus(request.corpus)
 
 

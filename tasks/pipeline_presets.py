@@ -56,6 +56,11 @@ PIPELINE_PRESETS = {
 }
 
 
+def preset_store(preset: str, store: str | None) -> str:
+    """The store asked for, else the preset's own."""
+    return store or pipeline_preset(preset).store
+
+
 def pipeline_preset(name: str) -> PipelinePreset:
     if name not in PIPELINE_PRESETS:
         raise LayerwaveError(f"unknown pipeline preset {name!r}; use {', '.join(PIPELINE_PRESETS)}")

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import numpy as np
-import zarr
 
 from store import schema
+from store.access import open_existing
 from store.errors import LayerwaveError
 from tasks.corpus import load_corpus
 
@@ -30,11 +30,8 @@ def used_records(store: str | None, model_key: str) -> set[int]:
     """Corpus records a store's extraction used (so held-out prompts never overlap training data)."""
     if not store:
         return set()
-    try:
-        group = zarr.open_group(store, path=schema.activations_path(model_key), mode="r", use_consolidated=False)
-    except (FileNotFoundError, zarr.errors.GroupNotFoundError):
-        return set()
-    if group.attrs.get("corpus", {}).get("spec") != "sharegpt":
+    group = open_existing(store, schema.activations_path(model_key))
+    if group is None or group.attrs.get("corpus", {}).get("spec") != "sharegpt":
         return set()
     return set(int(i) for i in group["source_record"][:])
 

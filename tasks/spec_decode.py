@@ -43,16 +43,15 @@ class HeadDrafter:
         """Draft `depth` target-vocabulary tokens after the last committed pair (cache left as it
         was), with the draft's distribution over the target vocabulary for each when sampling."""
         hidden, past, tokens, distributions = self.hidden, self.past, [], []
-        targets = self.targets
         for step in range(depth):
             logits = self.head.logits(hidden)[0, -1].float()
             if temperature > 0:
                 q = torch.zeros(self.head.config.vocab_size)
-                q[targets] = torch.softmax(logits / temperature, dim=-1)
+                q[self.targets] = torch.softmax(logits / temperature, dim=-1)
                 tokens.append(int(torch.multinomial(q, 1, generator=generator)))
                 distributions.append(q)
             else:
-                tokens.append(int(targets[int(logits.argmax())]))
+                tokens.append(int(self.targets[int(logits.argmax())]))
             if step + 1 < depth:
                 position = torch.tensor([[self.length + step]])
                 hidden, past = self.head.decode(hidden, torch.tensor([[tokens[-1]]]), position, past)

@@ -1,15 +1,23 @@
 """Deterministic identities of stage inputs: what makes a re-run skip a finished stage.
 
-A stage stores the key of the inputs it was run with beside its output; a re-run with the same
-key does no work, a changed input or a deleted output re-runs that stage alone. The key is a
-SHA-256 of canonical JSON, never Python's `hash()` (salted per process, so useless across runs).
+A stage stores the key of the inputs it was run with beside its output, written last; a re-run
+with the same key does no work, a changed input or a deleted output re-runs that stage alone, and
+a killed write never looks done. The key is a SHA-256 of canonical JSON, never Python's `hash()`
+(salted per process, so useless across runs). Outputs are either a Zarr group (the key is an
+attribute) or a JSON record (the key is a field).
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import os
 from dataclasses import asdict, is_dataclass
+from pathlib import Path
+
+import zarr
+
+from store.access import open_existing
 
 
 def stage_key(*parts) -> str:
@@ -18,3 +26,30 @@ def stage_key(*parts) -> str:
 
 def _plain(value):
     return asdict(value) if is_dataclass(value) and not isinstance(value, type) else value
+
+
+def group_is_current(store: str, path: str, key: str) -> bool:
+    group = open_existing(store, path)
+    return group is not None and group.attrs.get("stage_key") == key
+
+
+def mark_group_current(store: str, path: str, key: str) -> None:
+    """Call after the group's data is written."""
+    zarr.open_group(store, path=path, mode="r+", use_consolidated=False).attrs["stage_key"] = key
+
+
+def current_record(path: Path, key: str) -> dict | None:
+    """The JSON record at `path` when it was made from inputs with this key, else None."""
+    try:
+        record = json.loads(path.read_text())
+    except (FileNotFoundError, json.JSONDecodeError):
+        return None
+    return record if record.get("stage_key") == key else None
+
+
+def write_record(path: Path, record: dict, key: str) -> None:
+    """Write the record with its key, atomically (a killed write leaves the old file or none)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    staging = path.with_suffix(".tmp")
+    staging.write_text(json.dumps({**record, "stage_key": key}, indent=2) + "\n")
+    os.replace(staging, path)
