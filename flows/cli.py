@@ -272,7 +272,7 @@ def _pipeline_parser(sub) -> None:
     p = sub.add_parser("run", help="the whole pipeline for one model: extract, analyze, select, train, evaluate, "
                                    "report (re-runs skip finished stages)")
     p.add_argument("--model", default="smollm2-135m")
-    p.add_argument("--preset", default="quick", help="smoke (tiny model, seconds), quick (CPU, ~20 min), "
+    p.add_argument("--preset", default="quick", help="smoke (tiny model, minutes), quick (smollm2-135m on a CPU), "
                                                      "study (the published comparison, hours), full (GPU)")
     p.add_argument("--store", help="Zarr store (default: the preset's, e.g. layerwave.zarr for quick)")
     p.add_argument("--limit", type=int, help="train and evaluate at most this many candidate sets")

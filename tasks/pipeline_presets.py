@@ -1,8 +1,8 @@
 """Pipeline presets: how much data, which filters, how many seeds and prompts per scale.
 
-`smoke` proves the wiring in seconds on the tiny model; `quick` is the CPU-laptop run of the
-real model (about 20 minutes on 2 cores); `study` is the published comparison (hours, resumable);
-`full` is sized for a GPU.
+`smoke` proves the wiring on the tiny model; `quick` is the CPU-laptop run of the real model,
+sized for a 2-core CPU (its wall time is not measured yet); `study` is the published comparison
+(hours, resumable); `full` is sized for a GPU.
 """
 
 from __future__ import annotations
