@@ -198,8 +198,9 @@ def _evaluate_parser(sub) -> None:
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--depth", type=int, default=4, help="draft tokens per verification (chain), levels (tree)")
     p.add_argument("--draft", default="chain", help="chain, or tree (EAGLE-2 dynamic tree)")
-    p.add_argument("--tree-topk", type=int, default=8, help="tree: children expanded per node and per level")
-    p.add_argument("--tree-tokens", type=int, default=32, help="tree: draft tokens verified per round")
+    p.add_argument("--tree-topk", type=int, help="tree: children expanded per node and per level (default: tuned "
+                   "for CPU, see tasks/tree_decode.TreeShape)")
+    p.add_argument("--tree-tokens", type=int, help="tree: draft tokens verified per round (default: as --tree-topk)")
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (checked lossless); > 0 samples")
     p.add_argument("--seed", type=int, default=0, help="sampling seed")
     p.add_argument("--store", help="store whose ShareGPT records are excluded from --bench sharegpt")
@@ -208,16 +209,19 @@ def _evaluate_parser(sub) -> None:
 
 def _run_evaluate(args) -> dict:
     from flows.evaluate import check_request
+    from tasks.tree_decode import TreeShape
 
+    tree_topk = TreeShape.topk if args.tree_topk is None else args.tree_topk
+    tree_tokens = TreeShape.tokens if args.tree_tokens is None else args.tree_tokens
     check_request(args.model, args.head, args.bench, args.limit, args.max_new_tokens, args.depth, args.temperature,
-                  args.draft, args.tree_topk, args.tree_tokens)
+                  args.draft, tree_topk, tree_tokens)
     _configure_logging()
     from flows.evaluate import evaluate
 
     result = evaluate(model=args.model, head=args.head, bench=args.bench, limit=args.limit,
                       max_new_tokens=args.max_new_tokens, depth=args.depth, store=args.store,
-                      temperature=args.temperature, seed=args.seed, draft=args.draft, tree_topk=args.tree_topk,
-                      tree_tokens=args.tree_tokens)
+                      temperature=args.temperature, seed=args.seed, draft=args.draft, tree_topk=tree_topk,
+                      tree_tokens=tree_tokens)
     print(f"{args.bench} ({args.draft}): τ {result['tau']:.2f}, speed-up {result['speedup']:.2f}x "
           f"({result['tokens_per_s']:.1f} vs {result['baseline_tokens_per_s']:.1f} tokens/s), "
           f"lossless {result['lossless']}, acceptance per position "

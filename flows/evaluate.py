@@ -37,7 +37,8 @@ def load_pair(model: str, head_dir: str):
 
 
 def check_request(model: str, head_dir: str, bench: str, limit: int | None, max_new_tokens: int, depth: int,
-                  temperature: float = 0.0, draft: str = "chain", tree_topk: int = 8, tree_tokens: int = 32) -> None:
+                  temperature: float = 0.0, draft: str = "chain", tree_topk: int = TreeShape.topk,
+                  tree_tokens: int = TreeShape.tokens) -> None:
     """Every mistake in an evaluation request, before generation starts."""
     if depth < 1:
         raise LayerwaveError(f"--depth must be at least 1 (got {depth})")
@@ -58,7 +59,7 @@ def check_request(model: str, head_dir: str, bench: str, limit: int | None, max_
 @task(name="speculative-decoding", cache_policy=NO_CACHE)
 def evaluate_task(model: str, head_dir: str, bench: str, limit: int | None, max_new_tokens: int, depth: int,
                   store: str | None, temperature: float = 0.0, seed: int = 0, draft: str = "chain",
-                  tree_topk: int = 8, tree_tokens: int = 32) -> dict:
+                  tree_topk: int = TreeShape.topk, tree_tokens: int = TreeShape.tokens) -> dict:
     logger = get_run_logger()
     target, head = load_pair(model, head_dir)
     turns = first_turns(bench, limit, exclude=used_records(store, resolve(model).key))
@@ -100,7 +101,8 @@ def summarize(rows: list[dict], depth: int, mismatches: list[int], sampled: bool
 @flow(name="layerwave-evaluate")
 def evaluate(model: str = "smollm2-135m", head: str = "", bench: str = "mt-bench", limit: int | None = 10,
              max_new_tokens: int = 128, depth: int = 4, store: str | None = None, temperature: float = 0.0,
-             seed: int = 0, draft: str = "chain", tree_topk: int = 8, tree_tokens: int = 32) -> dict:
+             seed: int = 0, draft: str = "chain", tree_topk: int = TreeShape.topk,
+             tree_tokens: int = TreeShape.tokens) -> dict:
     """Speculative decoding of `bench` prompts with `head`, against the target decoding alone.
     `draft`: "chain" (`depth` tokens per round) or "tree" (EAGLE-2 dynamic tree `depth` levels
     deep, `tree_topk` children per expanded node, `tree_tokens` nodes verified per round)."""
