@@ -162,6 +162,7 @@ def _train_parser(sub) -> None:
     p.add_argument("--layers", help="HF hidden_states indices, e.g. 2,15,27 (default: the EAGLE-3 default)")
     p.add_argument("--preset", default="quick", help="smoke (tiny model, seconds), quick (CPU), full (GPU)")
     p.add_argument("--ttt-steps", type=int, help="training-time-test unroll (default: the preset's)")
+    p.add_argument("--epochs", type=int, help="passes over the training documents (default: the preset's)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--format", default="vllm", help="export format: vllm (speculators Eagle3) or sglang")
     p.add_argument("--out", help="output directory (default: <store>.heads/<model>/<layers>)")
@@ -177,12 +178,13 @@ def _run_train(args) -> dict:
     key = store_key(args.model)
     n_layers = open_activations(args.store, key).sizes["layer"]
     layers = _layer_list(args.layers) if args.layers is not None else eagle3_default(n_layers - 1) or []
-    check_request(args.store, key, layers, args.preset, args.format)
+    check_request(args.store, key, layers, args.preset, args.format, args.ttt_steps, args.epochs)
     _configure_logging()
     from flows.train import train_head
 
     summary = train_head(model=args.model, store=args.store, layers=layers, out=args.out, preset_name=args.preset,
-                         seed=args.seed, ttt_steps=args.ttt_steps, fmt=args.format)
+                         seed=args.seed, ttt_steps=args.ttt_steps, fmt=args.format,
+                         epochs=args.epochs)
     print(f"head for layers {summary['layers']} → {summary['out']}: held-out accuracy per TTT step "
           + " ".join(f"{a:.3f}" for a in summary["final"]["accuracy"])
           + " (untrained " + " ".join(f"{a:.3f}" for a in summary["untrained"]["accuracy"]) + ")")

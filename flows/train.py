@@ -17,7 +17,8 @@ from tasks.stage_key import current_record, stage_key, write_record
 from tasks.train_head import preset, train
 
 
-def check_request(store: str, model_key: str, layers: list[int], preset_name: str, fmt: str) -> None:
+def check_request(store: str, model_key: str, layers: list[int], preset_name: str, fmt: str,
+                  ttt_steps: int | None = None, epochs: int | None = None) -> None:
     """Bad input fails here, before a flow or any training starts."""
     ds = open_activations(store, model_key)
     for name in ("target_topk_ids", "target_topk_logprobs", "loss_mask"):
@@ -25,7 +26,7 @@ def check_request(store: str, model_key: str, layers: list[int], preset_name: st
             raise LayerwaveError(f"store {store} has no {name} for {model_key} (labels draft training needs); "
                                  "re-extract with this layerwave")
     check_layers(layers, ds.sizes["layer"])
-    preset(preset_name)
+    preset(preset_name, ttt_steps=ttt_steps, epochs=epochs)
     if fmt not in FORMATS:
         raise LayerwaveError(f"unknown --format {fmt!r}; use {' or '.join(FORMATS)}")
 
@@ -63,7 +64,7 @@ def train_head(model: str = "smollm2-135m", store: str = "layerwave.zarr", layer
     ds = open_activations(store, key)
     n = ds.sizes["layer"] - 1
     layers = list(layers) if layers is not None else eagle3_default(n) or []
-    check_request(store, key, layers, preset_name, fmt)
+    check_request(store, key, layers, preset_name, fmt, ttt_steps, epochs)
     out = out or str(Path(store).with_name(Path(store).stem + ".heads") / key / "-".join(map(str, layers)))
     verifier = ds.attrs["model"].get("argument", key)
     record = train_task(store, key, layers, out, preset_name, seed, ttt_steps, fmt, verifier, epochs)

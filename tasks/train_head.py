@@ -168,4 +168,7 @@ def _save(path: Path, head, optimizer, step, history, untrained, layers, config,
 def preset(name: str, **overrides) -> TrainConfig:
     if name not in PRESETS:
         raise LayerwaveError(f"unknown --preset {name!r}; use {', '.join(PRESETS)}")
+    for option in ("epochs", "ttt_steps"):
+        if overrides.get(option) is not None and overrides[option] < 1:
+            raise LayerwaveError(f"--{option.replace('_', '-')} must be at least 1 (got {overrides[option]})")
     return replace(PRESETS[name], **{k: v for k, v in overrides.items() if v is not None})

@@ -112,6 +112,8 @@ def test_training_bad_input(training_store, tmp_path, capsys):
     refused(["--layers", ""], "the layer set is empty")
     refused(["--layers", "2,4,5", "--format", "onnx"], "unknown --format")
     refused(["--layers", "2,4,5", "--preset", "huge"], "unknown --preset")
+    refused(["--layers", "2,4,5", "--epochs", "0"], "--epochs must be at least 1 (got 0)")
+    refused(["--layers", "2,4,5", "--ttt-steps", "0"], "--ttt-steps must be at least 1 (got 0)")
 
 
 def test_store_without_labels_is_refused(training_store, tmp_path, capsys):
@@ -135,9 +137,9 @@ def test_nan_loss_stops_with_a_clear_message_and_keeps_the_last_good_checkpoint(
 def test_train_cli_exports_and_records(training_store, tmp_path):
     out = tmp_path / "cli-head"
     assert main(["train", "--model", TINY, "--store", training_store, "--layers", "2,4,5", "--preset", "smoke",
-                 "--ttt-steps", "2", "--out", str(out), "--json", str(tmp_path / "t.json")]) == 0
+                 "--ttt-steps", "2", "--epochs", "1", "--out", str(out), "--json", str(tmp_path / "t.json")]) == 0
     record = json.loads((out / "training.json").read_text())
-    assert record["layers"] == [2, 4, 5] and record["config"]["ttt_steps"] == 2
+    assert record["layers"] == [2, 4, 5] and record["config"]["ttt_steps"] == 2 and record["config"]["epochs"] == 1
     assert (out / "model.safetensors").is_file() and json.loads((out / "config.json").read_text())[
         "eagle_aux_hidden_state_layer_ids"] == [2, 4, 5]
 
