@@ -33,14 +33,32 @@ def evaluation_path(head: Path, bench: str) -> Path:
     return head / "evaluation" / f"{bench.replace('/', '_').replace(':', '_')}.json"
 
 
+def t95(df: float) -> float:
+    """Two-sided 95% Student t quantile, degrees of freedom rounded down (normal past the table)."""
+    whole = max(1, math.floor(df))
+    return T95[whole - 1] if whole <= len(T95) else 1.96
+
+
 def mean_ci95(values: list[float]) -> tuple[float, float | None]:
     """Mean and half-width of its 95% t interval (None for a single value: no spread to show)."""
     n = len(values)
     mean = float(np.mean(values))
     if n < 2:
         return mean, None
-    t = T95[n - 2] if n - 1 <= len(T95) else 1.96
-    return mean, float(t * np.std(values, ddof=1) / math.sqrt(n))
+    return mean, float(t95(n - 1) * np.std(values, ddof=1) / math.sqrt(n))
+
+
+def difference_ci95(a: list[float], b: list[float]) -> tuple[float, float | None]:
+    """mean(a) − mean(b) and the half-width of its Welch 95% interval: seeds of two sets are
+    independent runs with possibly different spreads. None without two values on each side."""
+    difference = float(np.mean(a) - np.mean(b))
+    if len(a) < 2 or len(b) < 2:
+        return difference, None
+    va, vb = np.var(a, ddof=1) / len(a), np.var(b, ddof=1) / len(b)
+    if va + vb == 0:
+        return difference, 0.0
+    df = (va + vb) ** 2 / (va ** 2 / (len(a) - 1) + vb ** 2 / (len(b) - 1))
+    return difference, float(t95(df) * math.sqrt(va + vb))
 
 
 def spearman(x: list[float], y: list[float]) -> float | None:
@@ -90,23 +108,33 @@ def correlations(rows: list[dict], benches: list[str]) -> dict[str, dict[str, fl
 
 
 def verdict(rows: list[dict], bench: str) -> str:
-    """The comparison with the EAGLE-3 default at the strength the intervals support."""
+    """Every set against the EAGLE-3 default, at the strength the data supports: a set is better
+    or worse only when the Welch 95% interval of its τ difference from the default excludes 0."""
     here = [r for r in rows if r["bench"] == bench]
     default = next((r for r in here if "eagle3-default" in r["method"].split(",")), None)
     if not here or default is None:
         return f"{bench}: no evaluated EAGLE-3 default to compare with."
+    others = [r for r in here if r is not default]
     best = max(here, key=lambda r: r["tau_mean"])
-    if best is default:
-        single = " from one seed: no interval, no conclusion" if default["tau_ci95"] is None else ""
-        return (f"{bench}: the EAGLE-3 default {default['layers']} has the highest mean τ ({default['tau_mean']:.3f}) "
-                f"of {len(here)} sets{single}.")
-    if best["tau_ci95"] is None or default["tau_ci95"] is None:
-        return (f"{bench}: {best['layers']} ({best['method']}) has mean τ {best['tau_mean']:.3f} vs "
-                f"{default['tau_mean']:.3f} for the default, from one seed: no interval, no conclusion.")
-    apart = best["tau_mean"] - best["tau_ci95"] > default["tau_mean"] + default["tau_ci95"]
-    strength = "its 95% interval lies above the default's" if apart else "the 95% intervals overlap: within noise"
-    return (f"{bench}: {best['layers']} ({best['method']}) τ {best['tau_mean']:.3f} ± {best['tau_ci95']:.3f} vs "
-            f"default {default['layers']} {default['tau_mean']:.3f} ± {default['tau_ci95']:.3f}; {strength}.")
+    if default["tau_ci95"] is None or not any(len(r["seeds"]) > 1 for r in others):
+        leader = "the EAGLE-3 default" if best is default else f"{best['layers']} ({best['method']})"
+        return (f"{bench}: {leader} has the highest mean τ ({best['tau_mean']:.3f}) of {len(here)} sets, "
+                "from one seed per set: no interval, no conclusion.")
+    better, worse, within = [], [], 0
+    for r in others:
+        difference, half = difference_ci95(r["tau_per_seed"], default["tau_per_seed"])
+        label = f"{r['layers']} ({r['method']}, {difference:+.3f} ± {half:.3f})" if half is not None else None
+        if half is not None and difference - half > 0:
+            better.append(label)
+        elif half is not None and difference + half < 0:
+            worse.append(label)
+        else:
+            within += 1
+    return (f"{bench}: default {default['layers']} τ {default['tau_mean']:.3f} ± {default['tau_ci95']:.3f}. "
+            f"Better than the default beyond noise (Welch 95% interval of the difference above 0): "
+            f"{'; '.join(better) or 'none'}. Worse: {'; '.join(worse) or 'none'}. Within noise: {within} of "
+            f"{len(others)}. With {len(others)} comparisons at 95%, about {0.05 * len(others):.1f} would cross "
+            "by chance alone.")
 
 
 def markdown(title: str, facts: dict, plots: list[str], candidates: list[dict], rows: list[dict],

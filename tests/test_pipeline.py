@@ -12,7 +12,7 @@ import xarray as xr
 from flows.cli import main
 from flows.pipeline import by_priority, is_complete, pipeline, sweep
 from tasks.registry import add_model
-from tasks.report import mean_ci95, spearman
+from tasks.report import difference_ci95, mean_ci95, spearman, verdict
 from tests.conftest import TINY, saved_checkpoint
 
 
@@ -107,3 +107,26 @@ def test_interval_and_rank_correlation():
     assert spearman([1, 2, 3, 4], [10, 20, 30, 40]) == pytest.approx(1.0)
     assert spearman([1, 2, 3, 4], [4, 3, 2, 1]) == pytest.approx(-1.0)
     assert spearman([1, 2], [1, 2]) is None
+
+
+def test_welch_interval_of_a_difference():
+    difference, half = difference_ci95([2.0, 3.0, 4.0], [1.0, 1.0, 1.0])
+    # only the first side varies: Welch's degrees of freedom are then n − 1 = 2
+    assert difference == 2.0 and half == pytest.approx(4.303 * 1.0 / 3 ** 0.5)
+    assert difference_ci95([1.0, 2.0], [1.5]) == (0.0, None)
+
+
+def _row(layers, method, taus):
+    mean, half = mean_ci95(taus)
+    return {"layers": layers, "method": method, "bench": "b", "tau_mean": mean, "tau_ci95": half, "seeds": [0, 1, 2],
+            "tau_per_seed": taus}
+
+
+def test_verdict_calls_a_difference_only_when_its_interval_excludes_zero():
+    rows = [_row([2, 4, 5], "eagle3-default", [1.20, 1.21, 1.22]), _row([1, 4, 6], "cka-mrmr", [1.30, 1.31, 1.32]),
+            _row([3, 4, 5], "even", [1.10, 1.30, 1.20]), _row([1, 2, 3], "random-0", [1.00, 1.01, 1.02])]
+    text = verdict(rows, "b")
+    assert "beyond noise (Welch 95% interval of the difference above 0): [1, 4, 6] (cka-mrmr, +0.100" in text
+    assert "Worse: [1, 2, 3] (random-0, -0.200" in text and "Within noise: 1 of 3" in text
+    one_seed = [{**r, "tau_ci95": None, "seeds": [0], "tau_per_seed": r["tau_per_seed"][:1]} for r in rows]
+    assert verdict(one_seed, "b").endswith("from one seed per set: no interval, no conclusion.")
