@@ -7,12 +7,12 @@ import shutil
 from pathlib import Path
 
 import xarray as xr
-import zarr
 from prefect import flow, task
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from prefect.cache_policies import NO_CACHE
 
 from flows.selection import SELECTION, candidates_from
+from store.access import open_existing
 from store.errors import LayerwaveError
 from store.read import open_activations
 from tasks.pipeline_presets import REFERENCE_FILTER, pipeline_preset, preset_store
@@ -28,11 +28,11 @@ def report_task(store: str, model_key: str, preset: str, sets: list[list[int]] |
     """`<store>.reports/<model>/report.md` and `results.json` from what is on disk; `sets` limits
     the report to the sets a pipeline run trained (default: every candidate with results)."""
     p = pipeline_preset(preset)
-    try:
-        selection = xr.open_zarr(store, group=f"{model_key}/{SELECTION}/{REFERENCE}", consolidated=False).load()
-    except (FileNotFoundError, KeyError, zarr.errors.GroupNotFoundError):
+    group = f"{model_key}/{SELECTION}/{REFERENCE}"
+    if open_existing(store, group) is None:
         raise LayerwaveError(f"no selection for {model_key} in {store}; run `layerwave run --model {model_key} "
-                             f"--store {store} --preset {preset}` first") from None
+                             f"--store {store} --preset {preset}` first")
+    selection = xr.open_zarr(store, group=group, consolidated=False).load()
     candidates = [c for c in candidates_from(selection) if sets is None or c["layers"] in sets]
     benches = list(p.benches)
     rows = result_rows(candidates, load_evaluations(store, model_key, preset, candidates, p.seeds, benches), benches)

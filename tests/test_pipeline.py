@@ -81,6 +81,8 @@ def test_report_command_regenerates_the_report(finished, tmp_path, capsys):
     (["run", "--model", "no-such-model"], "unknown model 'no-such-model'"),
     (["run", "--preset", "huge"], "unknown pipeline preset 'huge'"),
     (["run", "--model", TINY, "--preset", "smoke", "--limit", "0"], "--limit must be at least 1"),
+    (["report", "--model", TINY, "--preset", "smoke", "--store", "no-such-store.zarr"],
+     f"no selection for {TINY} in no-such-store.zarr; run `layerwave run"),
     (["models", "add", "bad/name", "--source", "hf:x"], "model name 'bad/name' must be"),
     (["models", "add", "x", "--source", "gguf:y"], "--source 'gguf:y' is not supported"),
     (["models", "add", TINY, "--source", "hf:x"], f"model '{TINY}' is already registered"),
