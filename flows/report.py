@@ -16,7 +16,7 @@ from store.access import open_existing
 from store.errors import LayerwaveError
 from store.read import open_activations
 from tasks.pipeline_presets import REFERENCE_FILTER, pipeline_preset, preset_store
-from tasks.plots import reports_dir
+from tasks.plots import plot_tau_by_set, reports_dir
 from tasks.registry import store_key
 from tasks.report import correlations, load_evaluations, markdown, result_rows
 
@@ -46,6 +46,8 @@ def report_task(store: str, model_key: str, preset: str, sets: list[list[int]] |
              "selection scored on token filter": REFERENCE,
              "evaluated (set, seed, bench)": f"{sum(len(r['seeds']) for r in rows)} of "
                                              f"{len(candidates) * len(p.seeds) * len(benches)}"}
+    if rows:
+        plot_tau_by_set(rows, benches, folder / "tau_by_set.png", f"{model_key} ({preset})")
     plots = [path.name for path in sorted(folder.glob("*.png"))]
     text = markdown(f"layerwave report: {model_key} ({preset})", facts, plots, candidates, rows, correlation, benches)
     folder.mkdir(parents=True, exist_ok=True)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import matplotlib
+import numpy as np
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
@@ -35,6 +36,30 @@ def plot_cka(ds: xr.Dataset, path: Path, title: str) -> Path:
         axis.set(title=f"{name} ({ds.attrs['filter']})", xlabel="layer", ylabel="layer")
         figure.colorbar(image, ax=axis, fraction=0.046)
     figure.suptitle(title)
+    return _save(figure, path)
+
+
+def plot_tau_by_set(rows: list[dict], benches: list[str], path: Path, title: str) -> Path:
+    """τ per layer set and benchmark: each seed a dot, the mean with its 95% interval a bar, so
+    the reader sees how far apart the sets are next to how far apart the seeds are."""
+    benches = [b for b in benches if any(r["bench"] == b for r in rows)]
+    labels = sorted({str(r["layers"]) for r in rows},  # best on average at the top
+                    key=lambda label: np.mean([r["tau_mean"] for r in rows if str(r["layers"]) == label]))
+    figure, axes = plt.subplots(1, len(benches), figsize=(4.5 * len(benches), 0.35 * len(labels) + 1.6),
+                                sharey=True, squeeze=False)
+    for axis, bench in zip(axes[0], benches):
+        for y, label in enumerate(labels):
+            row = next((r for r in rows if r["bench"] == bench and str(r["layers"]) == label), None)
+            if row is None:
+                continue
+            default = "eagle3-default" in row["method"].split(",")
+            color = "tab:red" if default else "tab:blue"
+            axis.errorbar(row["tau_mean"], y, xerr=row["tau_ci95"] or 0, fmt="o", color=color, capsize=3)
+            axis.scatter(row["tau_per_seed"], [y] * len(row["tau_per_seed"]), s=10, color=color, alpha=0.4)
+        axis.set(title=bench, xlabel="τ (tokens per target forward)")
+        axis.grid(alpha=0.3)
+    axes[0][0].set_yticks(range(len(labels)), labels, fontsize=7)
+    figure.suptitle(f"{title} (red: EAGLE-3 default; bars: 95% t interval over seeds)", fontsize=9)
     return _save(figure, path)
 
 

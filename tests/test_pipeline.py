@@ -34,7 +34,8 @@ def test_pipeline_writes_every_stage_and_a_report(finished):
     trained = {tuple(row["layers"]) for row in summary["evaluated"]}
     assert len(trained) == 3 and (2, 4, 5) in trained  # the EAGLE-3 default is always among them
     report = Path(summary["report"]).read_text()
-    assert "## Speculative decoding per set" in report and "[2, 4, 5]" in report
+    assert "## Speculative decoding per set" in report and "[2, 4, 5]" in report and "](tau_by_set.png)" in report
+    assert (Path(summary["report"]).parent / "tau_by_set.png").stat().st_size > 0
     results = json.loads((Path(summary["report"]).parent / "results.json").read_text())
     assert {row["bench"] for row in results["rows"]} == {"mt-bench"} and len(results["rows"]) == 3
     assert all(row["lossless"] and row["tau_mean"] >= 1.0 for row in results["rows"])
