@@ -1,6 +1,6 @@
 """The whole question for one model as one Prefect flow, and a sweep over every registered model.
 
-    extract → statistics → selection → for each seed, for each candidate set: train → evaluate → report
+    extract → statistics → selection → for each seed: (for each candidate set: train → evaluate) → report
 
 Every stage is idempotent: extraction by its shard commit markers, analysis, selection, training
 and evaluation by the stage key of their inputs stored beside their outputs (tasks/stage_key.py).
@@ -111,7 +111,7 @@ def pipeline(model: str = "smollm2-135m", preset: str = "quick", store: str | No
     chosen = by_priority(candidates)[: limit or p.candidates]
     logger.info("training %d layer sets × %d seeds: %s", len(chosen), len(p.seeds),
                 ", ".join(str(c["layers"]) for c in chosen))
-    evaluated = []
+    evaluated, sets = [], [c["layers"] for c in chosen]
     for seed in p.seeds:  # seed-major: partial results already compare every set
         for candidate in chosen:
             head = str(head_dir(store, key, preset, candidate["layers"], seed))
@@ -121,7 +121,7 @@ def pipeline(model: str = "smollm2-135m", preset: str = "quick", store: str | No
                 result = evaluate_stage(model, head, bench, p, store)
                 evaluated.append({"layers": candidate["layers"], "seed": seed, "bench": bench, "tau": result["tau"],
                                   "speedup": result["speedup"], "reused": result["reused"]})
-    report = report_task(store, key, preset, [c["layers"] for c in chosen])
+        report = report_task(store, key, preset, sets)  # after every seed, so a long run shows its progress
     path = completion_path(store, key, preset)
     path.write_text(json.dumps({"complete": True, "model": model, "preset": preset, "store": store,
                                 "finished": datetime.now(timezone.utc).isoformat()}, indent=2) + "\n")
