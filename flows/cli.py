@@ -163,6 +163,7 @@ def _train_parser(sub) -> None:
     p.add_argument("--preset", default="quick", help="smoke (tiny model, seconds), quick (CPU), full (GPU)")
     p.add_argument("--ttt-steps", type=int, help="training-time-test unroll (default: the preset's)")
     p.add_argument("--epochs", type=int, help="passes over the training documents (default: the preset's)")
+    p.add_argument("--device", default="auto", help="auto (CUDA when present), cpu or cuda")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--format", default="vllm", help="export format: vllm (speculators Eagle3) or sglang")
     p.add_argument("--out", help="output directory (default: <store>.heads/<model>/<layers>)")
@@ -178,13 +179,13 @@ def _run_train(args) -> dict:
     key = store_key(args.model)
     n_layers = open_activations(args.store, key).sizes["layer"]
     layers = _layer_list(args.layers) if args.layers is not None else eagle3_default(n_layers - 1) or []
-    check_request(args.store, key, layers, args.preset, args.format, args.ttt_steps, args.epochs)
+    check_request(args.store, key, layers, args.preset, args.format, args.ttt_steps, args.epochs, args.device)
     _configure_logging()
     from flows.train import train_head
 
     summary = train_head(model=args.model, store=args.store, layers=layers, out=args.out, preset_name=args.preset,
                          seed=args.seed, ttt_steps=args.ttt_steps, fmt=args.format,
-                         epochs=args.epochs)
+                         epochs=args.epochs, device=args.device)
     print(f"head for layers {summary['layers']} → {summary['out']}: held-out accuracy per TTT step "
           + " ".join(f"{a:.3f}" for a in summary["final"]["accuracy"])
           + " (untrained " + " ".join(f"{a:.3f}" for a in summary["untrained"]["accuracy"]) + ")")
@@ -205,6 +206,7 @@ def _evaluate_parser(sub) -> None:
     p.add_argument("--tree-tokens", type=int, help="tree: draft tokens verified per round (default: as --tree-topk)")
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (checked lossless); > 0 samples")
     p.add_argument("--seed", type=int, default=0, help="sampling seed")
+    p.add_argument("--device", default="auto", help="auto (CUDA when present), cpu or cuda")
     p.add_argument("--store", help="store whose ShareGPT records are excluded from --bench sharegpt")
     p.add_argument("--json", help="write tau, speedup, lossless, per_position, tokens_per_s, ... to this file")
 
@@ -216,14 +218,14 @@ def _run_evaluate(args) -> dict:
     tree_topk = TreeShape.topk if args.tree_topk is None else args.tree_topk
     tree_tokens = TreeShape.tokens if args.tree_tokens is None else args.tree_tokens
     check_request(args.model, args.head, args.bench, args.limit, args.max_new_tokens, args.depth, args.temperature,
-                  args.draft, tree_topk, tree_tokens)
+                  args.draft, tree_topk, tree_tokens, args.device)
     _configure_logging()
     from flows.evaluate import evaluate
 
     result = evaluate(model=args.model, head=args.head, bench=args.bench, limit=args.limit,
                       max_new_tokens=args.max_new_tokens, depth=args.depth, store=args.store,
                       temperature=args.temperature, seed=args.seed, draft=args.draft, tree_topk=tree_topk,
-                      tree_tokens=tree_tokens)
+                      tree_tokens=tree_tokens, device=args.device)
     print(f"{args.bench} ({args.draft}): τ {result['tau']:.2f}, speed-up {result['speedup']:.2f}x "
           f"({result['tokens_per_s']:.1f} vs {result['baseline_tokens_per_s']:.1f} tokens/s), "
           f"lossless {result['lossless']}, acceptance per position "

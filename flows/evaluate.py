@@ -21,11 +21,12 @@ from tasks.tree_decode import TreeShape
 DRAFTS = ("chain", "tree")
 
 
-def load_pair(model: str, head_dir: str):
-    """Target and head, refusing a head made for another model or for layers the model lacks."""
+def load_pair(model: str, head_dir: str, device: str = "auto"):
+    """Target and head on `device`, refusing a head made for another model or for layers the
+    model lacks."""
     if not (Path(head_dir) / "config.json").is_file():
         raise LayerwaveError(f"--head {head_dir} has no config.json; pass a directory written by `layerwave train`")
-    target = load_model.load(model, "cpu", "auto")
+    target = load_model.load(model, device, "auto")
     head = load_exported(Path(head_dir), embeddings=target.model.get_input_embeddings().weight.detach().float())
     c, t = head.config, target.model.config
     if (c.hidden_size, c.vocab_size) != (t.hidden_size, t.vocab_size):
@@ -33,12 +34,12 @@ def load_pair(model: str, head_dir: str):
                              f"{c.vocab_size}; {model} has {t.hidden_size} and {t.vocab_size}")
     if max(c.layers) > t.num_hidden_layers:
         raise LayerwaveError(f"head {head_dir} reads layers {c.layers}; {model} has HF indices 0..{t.num_hidden_layers}")
-    return target, head
+    return target, head.to(target.device)
 
 
 def check_request(model: str, head_dir: str, bench: str, limit: int | None, max_new_tokens: int, depth: int,
                   temperature: float = 0.0, draft: str = "chain", tree_topk: int = TreeShape.topk,
-                  tree_tokens: int = TreeShape.tokens) -> None:
+                  tree_tokens: int = TreeShape.tokens, device: str = "auto") -> None:
     """Every mistake in an evaluation request, before generation starts."""
     if depth < 1:
         raise LayerwaveError(f"--depth must be at least 1 (got {depth})")
@@ -48,7 +49,7 @@ def check_request(model: str, head_dir: str, bench: str, limit: int | None, max_
         raise LayerwaveError(f"unknown --draft {draft!r}; use {' or '.join(DRAFTS)}")
     if tree_tokens < 1:
         raise LayerwaveError(f"--tree-tokens must be at least 1 (got {tree_tokens})")
-    target, head = load_pair(model, head_dir)
+    target, head = load_pair(model, head_dir, device)
     if not 1 <= tree_topk <= head.config.draft_vocab_size:
         raise LayerwaveError(f"--tree-topk must be between 1 and the head's draft vocabulary of "
                              f"{head.config.draft_vocab_size} (got {tree_topk})")
@@ -59,9 +60,10 @@ def check_request(model: str, head_dir: str, bench: str, limit: int | None, max_
 @task(name="speculative-decoding", cache_policy=NO_CACHE)
 def evaluate_task(model: str, head_dir: str, bench: str, limit: int | None, max_new_tokens: int, depth: int,
                   store: str | None, temperature: float = 0.0, seed: int = 0, draft: str = "chain",
-                  tree_topk: int = TreeShape.topk, tree_tokens: int = TreeShape.tokens) -> dict:
+                  tree_topk: int = TreeShape.topk, tree_tokens: int = TreeShape.tokens,
+                  device: str = "auto") -> dict:
     logger = get_run_logger()
-    target, head = load_pair(model, head_dir)
+    target, head = load_pair(model, head_dir, device)
     turns = first_turns(bench, limit, exclude=used_records(store, resolve(model).key))
     prompts = encode_prompts(target.tokenizer, turns, target.model.config.max_position_embeddings, max_new_tokens)
     eos = target.tokenizer.eos_token_id
@@ -79,7 +81,8 @@ def evaluate_task(model: str, head_dir: str, bench: str, limit: int | None, max_
                      "seconds": spec.seconds, "baseline_tokens": len(base.tokens), "baseline_seconds": base.seconds})
         logger.info("prompt %d/%d: τ %.2f, %d tokens, %.2fs vs %.2fs plain", number + 1, len(prompts), spec.tau,
                     len(spec.tokens), spec.seconds, base.seconds)
-    shape = {"draft": draft, "tree_topk": tree_topk if tree else None, "tree_tokens": tree_tokens if tree else None}
+    shape = {"draft": draft, "tree_topk": tree_topk if tree else None, "tree_tokens": tree_tokens if tree else None,
+             "device": str(target.device)}
     return {**summarize(rows, depth, mismatches, sampled=temperature > 0), **shape}
 
 
@@ -102,13 +105,15 @@ def summarize(rows: list[dict], depth: int, mismatches: list[int], sampled: bool
 def evaluate(model: str = "smollm2-135m", head: str = "", bench: str = "mt-bench", limit: int | None = 10,
              max_new_tokens: int = 128, depth: int = 4, store: str | None = None, temperature: float = 0.0,
              seed: int = 0, draft: str = "chain", tree_topk: int = TreeShape.topk,
-             tree_tokens: int = TreeShape.tokens) -> dict:
-    """Speculative decoding of `bench` prompts with `head`, against the target decoding alone.
-    `draft`: "chain" (`depth` tokens per round) or "tree" (EAGLE-2 dynamic tree `depth` levels
-    deep, `tree_topk` children per expanded node, `tree_tokens` nodes verified per round)."""
-    check_request(model, head, bench, limit, max_new_tokens, depth, temperature, draft, tree_topk, tree_tokens)
+             tree_tokens: int = TreeShape.tokens, device: str = "auto") -> dict:
+    """Speculative decoding of `bench` prompts with `head`, against the target decoding alone, on
+    `device` (auto: CUDA when present). `draft`: "chain" (`depth` tokens per round) or "tree"
+    (EAGLE-2 dynamic tree `depth` levels deep, `tree_topk` children per expanded node,
+    `tree_tokens` nodes verified per round)."""
+    check_request(model, head, bench, limit, max_new_tokens, depth, temperature, draft, tree_topk, tree_tokens,
+                  device)
     result = evaluate_task(model, head, bench, limit, max_new_tokens, depth, store, temperature, seed, draft,
-                           tree_topk, tree_tokens)
+                           tree_topk, tree_tokens, device)
     create_table_artifact(key="speculative-decoding", table=[{k: result[k] for k in (
         "tau", "speedup", "tokens_per_s", "baseline_tokens_per_s", "lossless", "prompts")}],
         description=f"{model} with head {head} on {bench}")

@@ -13,12 +13,13 @@ from store.read import open_activations
 from tasks.export_head import FORMATS, export
 from tasks.registry import store_key
 from tasks.layer_ids import check_layers, eagle3_default
+from tasks.load_model import pick_device
 from tasks.stage_key import current_record, stage_key, write_record
 from tasks.train_head import preset, train
 
 
 def check_request(store: str, model_key: str, layers: list[int], preset_name: str, fmt: str,
-                  ttt_steps: int | None = None, epochs: int | None = None) -> None:
+                  ttt_steps: int | None = None, epochs: int | None = None, device: str = "auto") -> None:
     """Bad input fails here, before a flow or any training starts."""
     ds = open_activations(store, model_key)
     for name in ("target_topk_ids", "target_topk_logprobs", "loss_mask"):
@@ -27,13 +28,15 @@ def check_request(store: str, model_key: str, layers: list[int], preset_name: st
                                  "re-extract with this layerwave")
     check_layers(layers, ds.sizes["layer"])
     preset(preset_name, ttt_steps=ttt_steps, epochs=epochs)
+    pick_device(device)
     if fmt not in FORMATS:
         raise LayerwaveError(f"unknown --format {fmt!r}; use {' or '.join(FORMATS)}")
 
 
 @task(name="train-draft-head", cache_policy=NO_CACHE)
 def train_task(store: str, model_key: str, layers: list[int], out: str, preset_name: str, seed: int,
-               ttt_steps: int | None, fmt: str, verifier: str, epochs: int | None = None) -> dict:
+               ttt_steps: int | None, fmt: str, verifier: str, epochs: int | None = None,
+               device: str = "auto") -> dict:
     logger = get_run_logger()
     config = preset(preset_name, seed=seed, ttt_steps=ttt_steps, epochs=epochs)
     key = stage_key(open_activations(store, model_key).attrs["plan_hash"], layers, config, fmt, verifier)
@@ -41,7 +44,7 @@ def train_task(store: str, model_key: str, layers: list[int], out: str, preset_n
     if finished and (Path(out) / "config.json").is_file():  # the record is written after the export
         logger.info("head %s is already trained from these inputs", out)
         return finished
-    head, record = train(store, model_key, layers, Path(out), config, log=logger.info)
+    head, record = train(store, model_key, layers, Path(out), config, log=logger.info, device=pick_device(device))
     logger.info("trainable parameters: %d", record["trainable_parameters"])
     export(head, Path(out), fmt, verifier, speculative_tokens=config.ttt_steps)
     write_record(Path(out) / "training.json", record, key)
@@ -58,15 +61,17 @@ def train_task(store: str, model_key: str, layers: list[int], out: str, preset_n
 @flow(name="layerwave-train")
 def train_head(model: str = "smollm2-135m", store: str = "layerwave.zarr", layers: list[int] | None = None,
                out: str | None = None, preset_name: str = "quick", seed: int = 0, ttt_steps: int | None = None,
-               fmt: str = "vllm", epochs: int | None = None) -> dict:
-    """Train an EAGLE-3 head reading `layers` (HF indices) from the store; export it to `out`."""
+               fmt: str = "vllm", epochs: int | None = None, device: str = "auto") -> dict:
+    """Train an EAGLE-3 head reading `layers` (HF indices) from the store on `device` (auto: CUDA
+    when present); export it to `out`. The device is not part of the stage key: a head trained on
+    either is the same head up to floating-point rounding."""
     key = store_key(model)
     ds = open_activations(store, key)
     n = ds.sizes["layer"] - 1
     layers = list(layers) if layers is not None else eagle3_default(n) or []
-    check_request(store, key, layers, preset_name, fmt, ttt_steps, epochs)
+    check_request(store, key, layers, preset_name, fmt, ttt_steps, epochs, device)
     out = out or str(Path(store).with_name(Path(store).stem + ".heads") / key / "-".join(map(str, layers)))
     verifier = ds.attrs["model"].get("argument", key)
-    record = train_task(store, key, layers, out, preset_name, seed, ttt_steps, fmt, verifier, epochs)
+    record = train_task(store, key, layers, out, preset_name, seed, ttt_steps, fmt, verifier, epochs, device)
     return {"out": out, **{k: record[k] for k in ("layers", "steps", "trainable_parameters", "untrained", "final",
                                                    "tokens_per_s")}}

@@ -212,6 +212,6 @@ def draft_vocabulary(counts: torch.Tensor, size: int) -> tuple[torch.Tensor, tor
 
 def target_to_draft(t2d: torch.Tensor) -> torch.Tensor:
     """Target id → draft id (−1 when the id is not in the draft vocabulary)."""
-    index = torch.full((len(t2d),), -1, dtype=torch.long)
-    index[t2d] = torch.arange(int(t2d.sum()))
+    index = torch.full((len(t2d),), -1, dtype=torch.long, device=t2d.device)
+    index[t2d] = torch.arange(int(t2d.sum()), device=t2d.device)
     return index

@@ -29,32 +29,35 @@ class HeadDrafter:
         self.past = None  # (k, v) over committed pairs
         self.hidden = None  # the head's output at the last committed pair
         self.length = 0  # committed pairs = next pair's position
-        self.targets = torch.arange(head.config.draft_vocab_size) + head.d2t  # draft id → target id
+        self.device = head.d2t.device
+        self.targets = torch.arange(head.config.draft_vocab_size, device=self.device) + head.d2t  # draft → target id
 
     @torch.no_grad()
     def observe(self, aux: torch.Tensor, next_tokens: torch.Tensor) -> None:
         """Commit pairs (aux row t, token t+1) for the next positions; aux (n, k·H), tokens (n,)."""
-        positions = torch.arange(self.length, self.length + len(next_tokens))[None]
+        positions = torch.arange(self.length, self.length + len(next_tokens), device=self.device)[None]
         out, self.past = self.head.decode(self.head.fuse(aux[None]), next_tokens[None], positions, self.past)
         self.hidden, self.length = out[:, -1:], self.length + len(next_tokens)
 
     @torch.no_grad()
     def propose(self, depth: int, temperature: float = 0.0, generator=None) -> tuple[list[int], list]:
         """Draft `depth` target-vocabulary tokens after the last committed pair (cache left as it
-        was), with the draft's distribution over the target vocabulary for each when sampling."""
+        was), with the draft's distribution over the target vocabulary for each when sampling (on
+        the CPU, where the sampling generator lives)."""
         hidden, past, tokens, distributions = self.hidden, self.past, [], []
         for step in range(depth):
             logits = self.head.logits(hidden)[0, -1].float()
             if temperature > 0:
                 q = torch.zeros(self.head.config.vocab_size)
-                q[self.targets] = torch.softmax(logits / temperature, dim=-1)
+                q[self.targets.cpu()] = torch.softmax(logits / temperature, dim=-1).cpu()
                 tokens.append(int(torch.multinomial(q, 1, generator=generator)))
                 distributions.append(q)
             else:
                 tokens.append(int(self.targets[int(logits.argmax())]))
             if step + 1 < depth:
-                position = torch.tensor([[self.length + step]])
-                hidden, past = self.head.decode(hidden, torch.tensor([[tokens[-1]]]), position, past)
+                position = torch.tensor([[self.length + step]], device=self.device)
+                hidden, past = self.head.decode(hidden, torch.tensor([[tokens[-1]]], device=self.device), position,
+                                                past)
         return tokens, distributions
 
     def propose_tree(self, depth: int, shape: TreeShape) -> DraftTree:
@@ -108,15 +111,15 @@ def chain_round(target, cache, drafter, last: int, depth: int, temperature: floa
     """One chain round: draft `depth` tokens after `last`, verify them in one target forward, crop
     the rejected ones from the target's cache. Returns what `tree_round` returns."""
     drafts, draft_probs = drafter.propose(depth, temperature, generator)
-    out = target(input_ids=torch.tensor([[last, *drafts]]), past_key_values=cache, output_hidden_states=True,
-                 use_cache=True)
+    out = target(input_ids=torch.tensor([[last, *drafts]], device=target.device), past_key_values=cache,
+                 output_hidden_states=True, use_cache=True)
     logits = out.logits[0].float()
-    new = (accept_sampled(torch.softmax(logits / temperature, -1), draft_probs, drafts, generator)
+    new = (accept_sampled(torch.softmax(logits / temperature, -1).cpu(), draft_probs, drafts, generator)
            if temperature > 0 else accept_greedy(logits, drafts))
     rejected = depth - (len(new) - 1)
     if rejected:
         cache.crop(-rejected)  # a negative count removes that many positions (transformers 4.x and 5.x)
-    return new, out.hidden_states, torch.arange(len(new))
+    return new, out.hidden_states, torch.arange(len(new), device=target.device)
 
 
 @torch.no_grad()
@@ -125,13 +128,13 @@ def speculative_generate(target, layers: list[int], drafter, prompt: list[int], 
                          tree: TreeShape | None = None) -> Generation:
     """Chain drafting `depth` tokens per round, or with `tree` an EAGLE-2 tree `depth` levels deep."""
     began = time.perf_counter()
-    ids = torch.tensor([prompt])
+    ids = torch.tensor([prompt], device=target.device)
     out = target(input_ids=ids, output_hidden_states=True, use_cache=True)
     cache = out.past_key_values
     first = out.logits[0, -1:].float()
-    generated = (accept_sampled(torch.softmax(first / temperature, -1), [], [], generator) if temperature > 0
+    generated = (accept_sampled(torch.softmax(first / temperature, -1).cpu(), [], [], generator) if temperature > 0
                  else accept_greedy(first, []))
-    drafter.observe(aux_states(out.hidden_states, layers), torch.tensor(prompt[1:] + generated))
+    drafter.observe(aux_states(out.hidden_states, layers), torch.tensor(prompt[1:] + generated, device=target.device))
     result = Generation(tokens=generated)
     while not _finished(result.tokens, max_new_tokens, eos_token_id):
         if tree is None:
@@ -140,7 +143,7 @@ def speculative_generate(target, layers: list[int], drafter, prompt: list[int], 
         else:
             new, hidden_states, rows = tree_round(target, cache, drafter, result.tokens[-1], depth, tree,
                                                   temperature, generator)
-        drafter.observe(aux_states(hidden_states, layers)[rows], torch.tensor(new))
+        drafter.observe(aux_states(hidden_states, layers)[rows], torch.tensor(new, device=target.device))
         result.forwards += 1
         result.accepted.append(len(new) - 1)
         result.tokens += new
@@ -156,7 +159,8 @@ def plain_generate(target, prompt: list[int], max_new_tokens: int, eos_token_id:
     began = time.perf_counter()
     sampling = {"do_sample": True, "temperature": temperature, "top_k": None, "top_p": None} if temperature > 0 \
         else {"do_sample": False}
-    out = target.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+    out = target.generate(torch.tensor([prompt], device=target.device),
+                          attention_mask=torch.ones(1, len(prompt), dtype=torch.long, device=target.device),
                           max_new_tokens=max_new_tokens, eos_token_id=eos_token_id,
                           pad_token_id=eos_token_id if eos_token_id is not None else 0, **sampling)
     tokens = _trim(out[0, len(prompt):].tolist(), max_new_tokens, eos_token_id)

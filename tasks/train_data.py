@@ -8,7 +8,7 @@ sees exactly the batches an uninterrupted one would.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import numpy as np
 import torch
@@ -33,6 +33,9 @@ class Batch:
     @property
     def tokens(self) -> int:
         return int(self.valid.sum())
+
+    def to(self, device: torch.device) -> "Batch":
+        return Batch(**{f.name: getattr(self, f.name).to(device) for f in fields(self)})
 
 
 def heldout_documents(n_docs: int, fraction: float, seed: int) -> np.ndarray:

@@ -80,7 +80,7 @@ def evaluate(head: DraftHead, data: StoreBatches, steps: int) -> dict:
     index = target_to_draft(head.t2d)
     loss, correct, counted = np.zeros(steps), np.zeros(steps), np.zeros(steps)
     for batch in data.batches(data.plan(0, heldout=True)):
-        for i, r in enumerate(unroll(head, batch, index, steps)):
+        for i, r in enumerate(unroll(head, batch.to(index.device), index, steps)):
             loss[i] += float(r.loss) * r.counted
             correct[i] += r.correct
             counted[i] += r.counted
@@ -91,9 +91,10 @@ def evaluate(head: DraftHead, data: StoreBatches, steps: int) -> dict:
 
 
 def train(store: str, model_key: str, layers: list[int], out: Path, config: TrainConfig,
-          log: Callable[[str], None] = print, stop_after: int | None = None) -> tuple[DraftHead, dict]:
-    """Train (or resume); returns the head and its training record. `stop_after` ends early, as a
-    kill after that step's checkpoint would."""
+          log: Callable[[str], None] = print, stop_after: int | None = None,
+          device: torch.device = torch.device("cpu")) -> tuple[DraftHead, dict]:
+    """Train (or resume) on `device`; returns the head (on the CPU) and its training record.
+    `stop_after` ends early, as a kill after that step's checkpoint would."""
     data = StoreBatches(store, model_key, layers, seq_len=config.seq_len, batch_size=config.batch_size,
                         seed=config.seed, holdout=config.holdout)
     per_epoch = len(data.plan(0))
@@ -102,12 +103,12 @@ def train(store: str, model_key: str, layers: list[int], out: Path, config: Trai
     total = per_epoch * config.epochs
     source = data.group.attrs["plan_hash"]
     checkpoint = out / "checkpoint.pt"
-    head = build_head(data, config)
+    head = build_head(data, config).to(device)
     optimizer = torch.optim.AdamW([p for p in head.parameters() if p.requires_grad], lr=config.lr,
                                   weight_decay=config.weight_decay)
     step, history, untrained = 0, [], None
     if checkpoint.exists():
-        state = torch.load(checkpoint, weights_only=False)
+        state = torch.load(checkpoint, weights_only=False, map_location=device)
         if (state["layers"], state["config"], state["source"]) != (layers, asdict(config), source):
             raise LayerwaveError(f"{checkpoint} belongs to another run (layers, preset or data differ); "
                                  "use another --out or delete it")
@@ -126,7 +127,7 @@ def train(store: str, model_key: str, layers: list[int], out: Path, config: Trai
         for batch in data.batches(data.plan(epoch), skip=offset):
             for group in optimizer.param_groups:
                 group["lr"] = learning_rate(step, total, config)
-            results = unroll(head, batch, index, config.ttt_steps)
+            results = unroll(head, batch.to(device), index, config.ttt_steps)
             loss = sum(w * r.loss for w, r in zip(weights, results))
             if not torch.isfinite(loss):
                 raise LayerwaveError(f"training loss became {loss.item()} at step {step}; the last good checkpoint "
@@ -150,7 +151,7 @@ def train(store: str, model_key: str, layers: list[int], out: Path, config: Trai
                 break
     elapsed = time.perf_counter() - started
     _save(checkpoint, head, optimizer, step, history, untrained, layers, config, source)
-    return head, {"layers": layers, "model": model_key, "data_plan_hash": source, "config": asdict(config),
+    return head.cpu(), {"layers": layers, "model": model_key, "data_plan_hash": source, "config": asdict(config),
             "steps": step, "total_steps": total, "trainable_parameters": head.trainable_parameters(),
             "untrained": untrained, "history": history, "final": history[-1] if history else untrained,
             "tokens_per_s": tokens / elapsed if elapsed > 0 else None, "finished": step >= total}

@@ -62,7 +62,7 @@ def draft_tree(drafter, depth: int, shape: TreeShape) -> DraftTree:
     head, targets = drafter.head, drafter.targets
     hidden, past = drafter.hidden, drafter.past  # the root: one row
     log_probs = torch.log_softmax(head.logits(hidden)[:, -1].float(), dim=-1)
-    frontier_scores, frontier_nodes = torch.zeros(1), [-1]
+    frontier_scores, frontier_nodes = torch.zeros(1, device=log_probs.device), [-1]
     scores, tokens, parents, depths = [], [], [], []
     for level in range(depth):
         top = (frontier_scores[:, None] + log_probs).topk(min(shape.topk, log_probs.shape[-1]), dim=-1)
@@ -75,7 +75,7 @@ def draft_tree(drafter, depth: int, shape: TreeShape) -> DraftTree:
         best = values.topk(min(shape.topk, len(values))).indices
         rows = best // per_node  # the row of each new frontier node's parent
         frontier_scores, frontier_nodes = values[best], (first + best).tolist()
-        positions = torch.full((len(best), 1), drafter.length + level)
+        positions = torch.full((len(best), 1), drafter.length + level, device=log_probs.device)
         hidden, past = head.decode(hidden[rows], ids[best][:, None], positions, (past[0][rows], past[1][rows]))
         log_probs = torch.log_softmax(head.logits(hidden)[:, -1].float(), dim=-1)
     return _keep_best(scores, tokens, parents, depths, shape.tokens)
@@ -90,12 +90,12 @@ def _keep_best(scores, tokens, parents, depths, size: int) -> DraftTree:
     return DraftTree([tokens[i] for i in kept], [index[parents[i]] for i in kept], [depths[i] for i in kept])
 
 
-def tree_mask(tree: DraftTree, prefix: int, dtype: torch.dtype) -> torch.Tensor:
+def tree_mask(tree: DraftTree, prefix: int, dtype: torch.dtype, device: torch.device | str = "cpu") -> torch.Tensor:
     """(1, 1, 1+n, prefix+1+n) additive mask for the target: the committed prefix and each row's
     ancestors are visible (0), the rest masked (the dtype's minimum). Additive works for both the
     eager and the SDPA attention of Hugging Face models, which take a 4D mask as it is."""
     seen = torch.cat([torch.ones(1 + len(tree.tokens), prefix, dtype=torch.bool), tree.visible()], dim=1)
-    return torch.zeros(seen.shape, dtype=dtype).masked_fill(~seen, torch.finfo(dtype).min)[None, None]
+    return torch.zeros(seen.shape, dtype=dtype).masked_fill(~seen, torch.finfo(dtype).min)[None, None].to(device)
 
 
 def walk_greedy(tree: DraftTree, logits: torch.Tensor) -> tuple[list[int], int]:
@@ -139,10 +139,11 @@ def keep_positions(cache, keep: torch.Tensor) -> None:
 def verify_tree(target, cache, tree: DraftTree, last: int):
     """One target forward over the root `last` and every tree node, each attending to the cached
     prefix and its own ancestors at position prefix + depth; the cache then holds all of them."""
-    prefix = cache.get_seq_length()
-    return target(input_ids=torch.tensor([[last, *tree.tokens]]), past_key_values=cache,
-                  attention_mask=tree_mask(tree, prefix, target.dtype),
-                  position_ids=prefix + torch.tensor([[0, *tree.depths]]), output_hidden_states=True, use_cache=True)
+    prefix, device = cache.get_seq_length(), target.device
+    return target(input_ids=torch.tensor([[last, *tree.tokens]], device=device), past_key_values=cache,
+                  attention_mask=tree_mask(tree, prefix, target.dtype, device),
+                  position_ids=prefix + torch.tensor([[0, *tree.depths]], device=device), output_hidden_states=True,
+                  use_cache=True)
 
 
 @torch.no_grad()
@@ -155,8 +156,8 @@ def tree_round(target, cache, drafter, last: int, depth: int, shape: TreeShape, 
     prefix = cache.get_seq_length()
     out = verify_tree(target, cache, tree, last)
     logits = out.logits[0].float()
-    path, bonus = (walk_sampled(tree, torch.softmax(logits / temperature, -1), generator) if temperature > 0
+    path, bonus = (walk_sampled(tree, torch.softmax(logits / temperature, -1).cpu(), generator) if temperature > 0
                    else walk_greedy(tree, logits))
-    rows = torch.tensor([0] + [1 + node for node in path])
-    keep_positions(cache, torch.cat([torch.arange(prefix), prefix + rows]))
+    rows = torch.tensor([0] + [1 + node for node in path], device=target.device)
+    keep_positions(cache, torch.cat([torch.arange(prefix, device=target.device), prefix + rows]))
     return [tree.tokens[node] for node in path] + [bonus], out.hidden_states, rows

@@ -30,7 +30,7 @@ def shift_left(x: torch.Tensor, n: int, fill) -> torch.Tensor:
     n = min(n, x.shape[1])
     if n == 0:
         return x
-    pad = torch.full((x.shape[0], n) + tuple(x.shape[2:]), fill, dtype=x.dtype)
+    pad = torch.full((x.shape[0], n) + tuple(x.shape[2:]), fill, dtype=x.dtype, device=x.device)
     return torch.cat([x[:, n:], pad], dim=1)
 
 
@@ -45,7 +45,7 @@ def unroll(head: DraftHead, batch: Batch, target_to_draft: torch.Tensor, steps: 
         counted = (shift_left(batch.valid, i + 1, False) & shift_left(batch.loss_mask, i, False)
                    & (label_ids[..., 0] >= 0))
         in_vocab = label_ids >= 0
-        teacher = torch.where(in_vocab, label_logprobs.exp(), torch.zeros(()))
+        teacher = torch.where(in_vocab, label_logprobs.exp(), label_logprobs.new_zeros(()))
         teacher = teacher / teacher.sum(-1, keepdim=True).clamp(min=1e-12)  # renormalised on the draft vocab
 
         hidden = head.step(hidden, input_ids, batch.positions + i, cache)

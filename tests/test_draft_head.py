@@ -114,6 +114,7 @@ def test_training_bad_input(training_store, tmp_path, capsys):
     refused(["--layers", "2,4,5", "--preset", "huge"], "unknown --preset")
     refused(["--layers", "2,4,5", "--epochs", "0"], "--epochs must be at least 1 (got 0)")
     refused(["--layers", "2,4,5", "--ttt-steps", "0"], "--ttt-steps must be at least 1 (got 0)")
+    refused(["--layers", "2,4,5", "--device", "tpu"], "unknown --device 'tpu'; use auto, cpu or cuda")
 
 
 def test_store_without_labels_is_refused(training_store, tmp_path, capsys):

@@ -72,6 +72,7 @@ def test_evaluate_cli_reports_tau_speedup_and_lossless(trained, tmp_path, tiny, 
     result = json.loads(out.read_text())
     assert {"tau", "speedup", "lossless", "per_position", "tokens_per_s", "baseline_tokens_per_s"} <= result.keys()
     assert result["lossless"] is True and result["prompts"] == 2 and len(result["per_position"]) == 3
+    assert result["device"] == "cpu"  # auto, on a machine without CUDA
     assert 1.0 <= result["tau"] <= 4.0
 
     def refused(argv, expected):
@@ -84,6 +85,7 @@ def test_evaluate_cli_reports_tau_speedup_and_lossless(trained, tmp_path, tiny, 
     refused(["--head", str(tmp_path)], "has no config.json")
     refused(["--head", str(head_dir), "--depth", "0"], "--depth must be at least 1")
     refused(["--head", str(head_dir), "--bench", "wiki"], "unknown --bench 'wiki'")
+    refused(["--head", str(head_dir), "--device", "tpu"], "unknown --device 'tpu'; use auto, cpu or cuda")
     other = json.loads((head_dir / "config.json").read_text())
     other["layerwave"]["draft_config"]["layers"] = [2, 4, 12]
     other["eagle_aux_hidden_state_layer_ids"] = [2, 4, 12]
