@@ -12,7 +12,7 @@ import xarray as xr
 from flows.cli import main
 from flows.pipeline import by_priority, is_complete, pipeline, sweep
 from tasks.registry import add_model
-from tasks.report import difference_ci95, mean_ci95, spearman, verdict
+from tasks.report import difference_ci95, mean_ci95, spearman, spearman_p, verdict
 from tests.conftest import TINY, saved_checkpoint
 
 
@@ -110,6 +110,9 @@ def test_interval_and_rank_correlation():
     assert spearman([1, 2, 3, 4], [10, 20, 30, 40]) == pytest.approx(1.0)
     assert spearman([1, 2, 3, 4], [4, 3, 2, 1]) == pytest.approx(-1.0)
     assert spearman([1, 2], [1, 2]) is None
+    # a perfect ranking of 6 items: 2 of the 720 pairings are as strong (ρ = ±1)
+    assert spearman_p([1, 2, 3, 4, 5, 6], [1, 2, 3, 4, 5, 6]) == pytest.approx(2 / 720, abs=0.002)
+    assert spearman_p([1, 2, 3, 4, 5, 6], [3, 1, 6, 2, 5, 4]) > 0.3
 
 
 def test_welch_interval_of_a_difference():
