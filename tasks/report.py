@@ -108,7 +108,7 @@ def spearman_p(x: list[float], y: list[float], permutations: int = 20000, seed: 
         return None
     rx, ry = _ranks(np.asarray(x, float)), _ranks(np.asarray(y, float))
     rng = np.random.default_rng(seed)
-    shuffled = np.array([rng.permutation(ry) for _ in range(permutations)])
+    shuffled = rng.permuted(np.tile(ry, (permutations, 1)), axis=1)
     centred = shuffled - shuffled.mean(1, keepdims=True)
     rhos = (centred @ (rx - rx.mean())) / (np.linalg.norm(centred, axis=1) * np.linalg.norm(rx - rx.mean()))
     return float((np.sum(np.abs(rhos) >= abs(rho) - 1e-12) + 1) / (permutations + 1))
