@@ -49,13 +49,13 @@ def tree_shapes(text: str) -> list[tuple[int, int]]:
 def verify_seconds(model: str, sizes: list[int], prefix: int = 256, repeats: int = 15) -> dict[int, float]:
     """Median seconds of one target forward over `size` new tokens after a cached `prefix`."""
     target = load_model.load(model, "cpu", "auto").model
-    cache = target(input_ids=torch.randint(0, 1000, (1, prefix)), use_cache=True).past_key_values
+    cache = target(input_ids=torch.randint(0, 1000, (1, prefix)), use_cache=True).cache
     seconds = {}
     for size in sizes:
         times = []
         for _ in range(repeats):
             began = time.perf_counter()
-            target(input_ids=torch.randint(0, 1000, (1, size)), past_key_values=cache, use_cache=True,
+            target(input_ids=torch.randint(0, 1000, (1, size)), cache=cache, use_cache=True,
                    output_hidden_states=True)
             times.append(time.perf_counter() - began)
             cache.crop(-size)

@@ -111,14 +111,14 @@ def chain_round(target, cache, drafter, last: int, depth: int, temperature: floa
     """One chain round: draft `depth` tokens after `last`, verify them in one target forward, crop
     the rejected ones from the target's cache. Returns what `tree_round` returns."""
     drafts, draft_probs = drafter.propose(depth, temperature, generator)
-    out = target(input_ids=torch.tensor([[last, *drafts]], device=target.device), past_key_values=cache,
+    out = target(input_ids=torch.tensor([[last, *drafts]], device=target.device), cache=cache,
                  output_hidden_states=True, use_cache=True)
     logits = out.logits[0].float()
     new = (accept_sampled(torch.softmax(logits / temperature, -1).cpu(), draft_probs, drafts, generator)
            if temperature > 0 else accept_greedy(logits, drafts))
     rejected = depth - (len(new) - 1)
     if rejected:
-        cache.crop(-rejected)  # a negative count removes that many positions (transformers 4.x and 5.x)
+        cache.crop(-rejected)  # a negative count removes that many positions
     return new, out.hidden_states, torch.arange(len(new), device=target.device)
 
 
@@ -130,7 +130,7 @@ def speculative_generate(target, layers: list[int], drafter, prompt: list[int], 
     began = time.perf_counter()
     ids = torch.tensor([prompt], device=target.device)
     out = target(input_ids=ids, output_hidden_states=True, use_cache=True)
-    cache = out.past_key_values
+    cache = out.cache
     first = out.logits[0, -1:].float()
     generated = (accept_sampled(torch.softmax(first / temperature, -1).cpu(), [], [], generator) if temperature > 0
                  else accept_greedy(first, []))

@@ -140,7 +140,7 @@ def verify_tree(target, cache, tree: DraftTree, last: int):
     """One target forward over the root `last` and every tree node, each attending to the cached
     prefix and its own ancestors at position prefix + depth; the cache then holds all of them."""
     prefix, device = cache.get_seq_length(), target.device
-    return target(input_ids=torch.tensor([[last, *tree.tokens]], device=device), past_key_values=cache,
+    return target(input_ids=torch.tensor([[last, *tree.tokens]], device=device), cache=cache,
                   attention_mask=tree_mask(tree, prefix, target.dtype, device),
                   position_ids=prefix + torch.tensor([[0, *tree.depths]], device=device), output_hidden_states=True,
                   use_cache=True)

@@ -134,7 +134,7 @@ def test_tree_sampling_on_the_tiny_model_keeps_the_targets_next_token_distributi
         drafter = HeadDrafter(SecondGuessHead(tiny.model, prompt[0]))
         drafter.observe(aux_states(out.hidden_states, LAYERS), torch.tensor(prompt[1:]))
         tree = drafter.propose_tree(2, TreeShape(topk=4, tokens=6))
-        verified = verify_tree(tiny.model, out.past_key_values, tree, prompt[-1])
+        verified = verify_tree(tiny.model, out.cache, tree, prompt[-1])
         probs = torch.softmax(verified.logits[0].float() / temperature, -1)
         target = torch.softmax(tiny.model(input_ids=torch.tensor([prompt])).logits[0, -1].float() / temperature, -1)
         bins = target.topk(5).indices.tolist()
@@ -152,7 +152,7 @@ def test_tree_sampling_on_the_tiny_model_keeps_the_targets_next_token_distributi
 
 def test_keep_positions_selects_cache_rows(tiny):
     with torch.no_grad():
-        cache = tiny.model(input_ids=torch.tensor([prompts(tiny)[0]]), use_cache=True).past_key_values
+        cache = tiny.model(input_ids=torch.tensor([prompts(tiny)[0]]), use_cache=True).cache
     before = cache.layers[0].keys.clone()
     keep_positions(cache, torch.tensor([0, 2, 4]))
     assert cache.get_seq_length() == 3 and torch.equal(cache.layers[0].keys, before[:, :, [0, 2, 4]])
