@@ -139,20 +139,25 @@ def verdict(rows: list[dict], bench: str) -> str:
         leader = "the EAGLE-3 default" if best is default else f"{best['layers']} ({best['method']})"
         return (f"{bench}: {leader} has the highest mean τ ({best['tau_mean']:.3f}) of {len(here)} sets, "
                 "from one seed per set: no interval, no conclusion.")
-    better, worse, within = [], [], 0
+    better, worse, within, single = [], [], 0, 0
     for r in others:
         difference, half = difference_ci95(r["tau_per_seed"], default["tau_per_seed"])
-        label = f"{r['layers']} ({r['method']}, {difference:+.3f} ± {half:.3f})" if half is not None else None
-        if half is not None and difference - half > 0:
+        if half is None:
+            single += 1
+            continue
+        label = f"{r['layers']} ({r['method']}, {difference:+.3f} ± {half:.3f})"
+        if difference - half > 0:
             better.append(label)
-        elif half is not None and difference + half < 0:
+        elif difference + half < 0:
             worse.append(label)
         else:
             within += 1
+    compared = len(others) - single
+    pending = f" Not compared yet (one seed): {single}." if single else ""
     return (f"{bench}: default {default['layers']} τ {default['tau_mean']:.3f} ± {default['tau_ci95']:.3f}. "
             f"Better than the default beyond noise (Welch 95% interval of the difference above 0): "
             f"{'; '.join(better) or 'none'}. Worse: {'; '.join(worse) or 'none'}. Within noise: {within} of "
-            f"{len(others)}. With {len(others)} comparisons at 95%, about {0.05 * len(others):.1f} would cross "
+            f"{compared}.{pending} With {compared} comparisons at 95%, about {0.05 * compared:.1f} would cross "
             "by chance alone.")
 
 

@@ -133,6 +133,8 @@ def test_verdict_calls_a_difference_only_when_its_interval_excludes_zero():
             _row([3, 4, 5], "even", [1.10, 1.30, 1.20]), _row([1, 2, 3], "random-0", [1.00, 1.01, 1.02])]
     text = verdict(rows, "b")
     assert "beyond noise (Welch 95% interval of the difference above 0): [1, 4, 6] (cka-mrmr, +0.100" in text
-    assert "Worse: [1, 2, 3] (random-0, -0.200" in text and "Within noise: 1 of 3" in text
+    assert "Worse: [1, 2, 3] (random-0, -0.200" in text and "Within noise: 1 of 3." in text
+    partly = rows[:3] + [{**rows[3], "tau_ci95": None, "seeds": [0], "tau_per_seed": [1.0]}]
+    assert "Within noise: 1 of 2. Not compared yet (one seed): 1." in verdict(partly, "b")
     one_seed = [{**r, "tau_ci95": None, "seeds": [0], "tau_per_seed": r["tau_per_seed"][:1]} for r in rows]
     assert verdict(one_seed, "b").endswith("from one seed per set: no interval, no conclusion.")
