@@ -47,16 +47,19 @@ def tree_shapes(text: str) -> list[tuple[int, int]]:
 
 @torch.no_grad()
 def verify_seconds(model: str, sizes: list[int], prefix: int = 256, repeats: int = 15) -> dict[int, float]:
-    """Median seconds of one target forward over `size` new tokens after a cached `prefix`."""
-    target = load_model.load(model, "cpu", "auto").model
-    cache = target(input_ids=torch.randint(0, 1000, (1, prefix)), use_cache=True).cache
+    """Median seconds of one target forward over `size` new tokens after a cached `prefix`, on the
+    device the evaluations ran on (the same cached model)."""
+    target = load_model.load(model, "auto", "auto").model
+    cache = target(input_ids=torch.randint(0, 1000, (1, prefix), device=target.device), use_cache=True).cache
     seconds = {}
     for size in sizes:
         times = []
         for _ in range(repeats):
             began = time.perf_counter()
-            target(input_ids=torch.randint(0, 1000, (1, size)), cache=cache, use_cache=True,
+            target(input_ids=torch.randint(0, 1000, (1, size), device=target.device), cache=cache, use_cache=True,
                    output_hidden_states=True)
+            if target.device.type == "cuda":
+                torch.cuda.synchronize()
             times.append(time.perf_counter() - began)
             cache.crop(-size)
         seconds[size] = sorted(times)[repeats // 2]

@@ -201,9 +201,9 @@ def _evaluate_parser(sub) -> None:
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--depth", type=int, default=4, help="draft tokens per verification (chain), levels (tree)")
     p.add_argument("--draft", default="chain", help="chain, or tree (EAGLE-2 dynamic tree)")
-    p.add_argument("--tree-topk", type=int, help="tree: children expanded per node and per level (default: tuned "
-                   "for CPU, see tasks/tree_decode.TreeShape)")
-    p.add_argument("--tree-tokens", type=int, help="tree: draft tokens verified per round (default: as --tree-topk)")
+    p.add_argument("--tree-topk", type=int, help="tree: children expanded per node and per level (default: "
+                   "TreeShape's, tuned for CPU)")
+    p.add_argument("--tree-tokens", type=int, help="tree: draft tokens verified per round (default: TreeShape's)")
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (checked lossless); > 0 samples")
     p.add_argument("--seed", type=int, default=0, help="sampling seed")
     p.add_argument("--device", default="auto", help="auto (CUDA when present), cpu or cuda")
@@ -213,19 +213,17 @@ def _evaluate_parser(sub) -> None:
 
 def _run_evaluate(args) -> dict:
     from flows.evaluate import check_request
-    from tasks.tree_decode import TreeShape
 
-    tree_topk = TreeShape.topk if args.tree_topk is None else args.tree_topk
-    tree_tokens = TreeShape.tokens if args.tree_tokens is None else args.tree_tokens
+    tree = {name: value for name, value in (("tree_topk", args.tree_topk), ("tree_tokens", args.tree_tokens))
+            if value is not None}  # unset: the flow's defaults (TreeShape's), without importing torch here
     check_request(args.model, args.head, args.bench, args.limit, args.max_new_tokens, args.depth, args.temperature,
-                  args.draft, tree_topk, tree_tokens, args.device)
+                  args.draft, device=args.device, **tree)
     _configure_logging()
     from flows.evaluate import evaluate
 
     result = evaluate(model=args.model, head=args.head, bench=args.bench, limit=args.limit,
                       max_new_tokens=args.max_new_tokens, depth=args.depth, store=args.store,
-                      temperature=args.temperature, seed=args.seed, draft=args.draft, tree_topk=tree_topk,
-                      tree_tokens=tree_tokens, device=args.device)
+                      temperature=args.temperature, seed=args.seed, draft=args.draft, device=args.device, **tree)
     print(f"{args.bench} ({args.draft}): τ {result['tau']:.2f}, speed-up {result['speedup']:.2f}x "
           f"({result['tokens_per_s']:.1f} vs {result['baseline_tokens_per_s']:.1f} tokens/s), "
           f"lossless {result['lossless']}, acceptance per position "

@@ -81,9 +81,9 @@ def evaluate_task(model: str, head_dir: str, bench: str, limit: int | None, max_
                      "seconds": spec.seconds, "baseline_tokens": len(base.tokens), "baseline_seconds": base.seconds})
         logger.info("prompt %d/%d: τ %.2f, %d tokens, %.2fs vs %.2fs plain", number + 1, len(prompts), spec.tau,
                     len(spec.tokens), spec.seconds, base.seconds)
-    shape = {"draft": draft, "tree_topk": tree_topk if tree else None, "tree_tokens": tree_tokens if tree else None,
-             "device": str(target.device)}
-    return {**summarize(rows, depth, mismatches, sampled=temperature > 0), **shape}
+    settings = {"draft": draft, "tree_topk": tree_topk if tree else None,
+                "tree_tokens": tree_tokens if tree else None, "device": str(target.device)}
+    return {**summarize(rows, depth, mismatches, sampled=temperature > 0), **settings}
 
 
 def summarize(rows: list[dict], depth: int, mismatches: list[int], sampled: bool = False) -> dict:

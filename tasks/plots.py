@@ -11,6 +11,8 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import xarray as xr  # noqa: E402
 
+from tasks.report import is_default  # noqa: E402
+
 
 def reports_dir(store: str, model_key: str) -> Path:
     """`layerwave.zarr` → `layerwave.reports/<model>/`."""
@@ -52,8 +54,7 @@ def plot_tau_by_set(rows: list[dict], benches: list[str], path: Path, title: str
             row = next((r for r in rows if r["bench"] == bench and str(r["layers"]) == label), None)
             if row is None:
                 continue
-            default = "eagle3-default" in row["method"].split(",")
-            color = "tab:red" if default else "tab:blue"
+            color = "tab:red" if is_default(row) else "tab:blue"
             axis.errorbar(row["tau_mean"], y, xerr=row["tau_ci95"] or 0, fmt="o", color=color, capsize=3)
             axis.scatter(row["tau_per_seed"], [y] * len(row["tau_per_seed"]), s=10, color=color, alpha=0.4)
         axis.set(title=bench, xlabel="τ (tokens per target forward)")

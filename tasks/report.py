@@ -126,11 +126,16 @@ def correlations(rows: list[dict], benches: list[str]) -> dict[str, dict[str, di
     return out
 
 
+def is_default(row: dict) -> bool:
+    """The EAGLE-3 default set (a row's `method` lists every method that proposed its set)."""
+    return "eagle3-default" in row["method"].split(",")
+
+
 def verdict(rows: list[dict], bench: str) -> str:
     """Every set against the EAGLE-3 default, at the strength the data supports: a set is better
     or worse only when the Welch 95% interval of its τ difference from the default excludes 0."""
     here = [r for r in rows if r["bench"] == bench]
-    default = next((r for r in here if "eagle3-default" in r["method"].split(",")), None)
+    default = next((r for r in here if is_default(r)), None)
     if not here or default is None:
         return f"{bench}: no evaluated EAGLE-3 default to compare with."
     others = [r for r in here if r is not default]
