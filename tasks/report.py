@@ -40,7 +40,7 @@ def t95(df: float) -> float:
 
 
 def mean_ci95(values: list[float]) -> tuple[float, float | None]:
-    """Mean and half-width of its 95% t interval (None for a single value: no spread to show)."""
+    """Mean and half-width of its 95% t interval (None for a uncompared value: no spread to show)."""
     n = len(values)
     mean = float(np.mean(values))
     if n < 2:
@@ -48,17 +48,12 @@ def mean_ci95(values: list[float]) -> tuple[float, float | None]:
     return mean, float(t95(n - 1) * np.std(values, ddof=1) / math.sqrt(n))
 
 
-def difference_ci95(a: list[float], b: list[float]) -> tuple[float, float | None]:
-    """mean(a) − mean(b) and the half-width of its Welch 95% interval: seeds of two sets are
-    independent runs with possibly different spreads. None without two values on each side."""
-    difference = float(np.mean(a) - np.mean(b))
-    if len(a) < 2 or len(b) < 2:
-        return difference, None
-    va, vb = np.var(a, ddof=1) / len(a), np.var(b, ddof=1) / len(b)
-    if va + vb == 0:
-        return difference, 0.0
-    df = (va + vb) ** 2 / (va ** 2 / (len(a) - 1) + vb ** 2 / (len(b) - 1))
-    return difference, float(t95(df) * math.sqrt(va + vb))
+def paired_difference_ci95(a: dict[int, float], b: dict[int, float]) -> tuple[float | None, float | None]:
+    """Mean τ difference over the seeds both sets share, and the half-width of its paired 95% t
+    interval. A seed fixes the head's initial weights, the held-out split and the batch order for
+    every set alike, so comparing within a seed removes what the seed does to all sets."""
+    differences = [a[seed] - b[seed] for seed in sorted(set(a) & set(b))]
+    return mean_ci95(differences) if differences else (None, None)
 
 
 def spearman(x: list[float], y: list[float]) -> float | None:
@@ -126,6 +121,11 @@ def correlations(rows: list[dict], benches: list[str]) -> dict[str, dict[str, di
     return out
 
 
+def per_seed(row: dict) -> dict[int, float]:
+    """τ by seed, so that two sets are compared on the seeds they share."""
+    return dict(zip(row["seeds"], row["tau_per_seed"]))
+
+
 def is_default(row: dict) -> bool:
     """The EAGLE-3 default set (a row's `method` lists every method that proposed its set)."""
     return "eagle3-default" in row["method"].split(",")
@@ -133,7 +133,7 @@ def is_default(row: dict) -> bool:
 
 def verdict(rows: list[dict], bench: str) -> str:
     """Every set against the EAGLE-3 default, at the strength the data supports: a set is better
-    or worse only when the Welch 95% interval of its τ difference from the default excludes 0."""
+    or worse only when the paired 95% interval of its τ difference from the default excludes 0."""
     here = [r for r in rows if r["bench"] == bench]
     default = next((r for r in here if is_default(r)), None)
     if not here or default is None:
@@ -144,11 +144,11 @@ def verdict(rows: list[dict], bench: str) -> str:
         leader = "the EAGLE-3 default" if best is default else f"{best['layers']} ({best['method']})"
         return (f"{bench}: {leader} has the highest mean τ ({best['tau_mean']:.3f}) of {len(here)} sets, "
                 "from one seed per set: no interval, no conclusion.")
-    better, worse, within, single = [], [], 0, 0
+    better, worse, within, uncompared = [], [], 0, 0
     for r in others:
-        difference, half = difference_ci95(r["tau_per_seed"], default["tau_per_seed"])
+        difference, half = paired_difference_ci95(per_seed(r), per_seed(default))
         if half is None:
-            single += 1
+            uncompared += 1  # fewer than two seeds in common with the default
             continue
         label = f"{r['layers']} ({r['method']}, {difference:+.3f} ± {half:.3f})"
         if difference - half > 0:
@@ -157,10 +157,10 @@ def verdict(rows: list[dict], bench: str) -> str:
             worse.append(label)
         else:
             within += 1
-    compared = len(others) - single
-    pending = f" Not compared yet (one seed): {single}." if single else ""
+    compared = len(others) - uncompared
+    pending = f" Not compared yet (under two seeds in common): {uncompared}." if uncompared else ""
     return (f"{bench}: default {default['layers']} τ {default['tau_mean']:.3f} ± {default['tau_ci95']:.3f}. "
-            f"Better than the default beyond noise (Welch 95% interval of the difference above 0): "
+            f"Better than the default beyond noise (paired-by-seed 95% interval of the difference above 0): "
             f"{'; '.join(better) or 'none'}. Worse: {'; '.join(worse) or 'none'}. Within noise: {within} of "
             f"{compared}.{pending} With {compared} comparisons at 95%, about {0.05 * compared:.1f} would cross "
             "by chance alone.")

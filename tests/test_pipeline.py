@@ -12,7 +12,7 @@ import xarray as xr
 from flows.cli import main
 from flows.pipeline import by_priority, is_complete, pipeline, sweep
 from tasks.registry import add_model
-from tasks.report import difference_ci95, mean_ci95, spearman, spearman_p, verdict
+from tasks.report import mean_ci95, paired_difference_ci95, spearman, spearman_p, verdict
 from tests.conftest import TINY, saved_checkpoint
 
 
@@ -115,11 +115,14 @@ def test_interval_and_rank_correlation():
     assert spearman_p([1, 2, 3, 4, 5, 6], [3, 1, 6, 2, 5, 4]) > 0.3
 
 
-def test_welch_interval_of_a_difference():
-    difference, half = difference_ci95([2.0, 3.0, 4.0], [1.0, 1.0, 1.0])
-    # only the first side varies: Welch's degrees of freedom are then n − 1 = 2
-    assert difference == 2.0 and half == pytest.approx(4.303 * 1.0 / 3 ** 0.5)
-    assert difference_ci95([1.0, 2.0], [1.5]) == (0.0, None)
+def test_paired_interval_compares_sets_within_each_shared_seed():
+    # seed 1 lowers both sets alike: unpaired the spread would swamp the difference, paired it cancels
+    difference, half = paired_difference_ci95({0: 1.30, 1: 1.10, 2: 1.21}, {0: 1.20, 1: 1.00, 2: 1.10})
+    assert difference == pytest.approx(0.1033, abs=1e-4) and half == pytest.approx(4.303 * 0.00577 / 3 ** 0.5, rel=1e-2)
+    assert difference - half > 0
+    # only seeds both sets have count; one shared seed gives no interval
+    assert paired_difference_ci95({0: 1.3, 1: 1.2}, {1: 1.0, 2: 1.1}) == (pytest.approx(0.2), None)
+    assert paired_difference_ci95({0: 1.3}, {1: 1.0}) == (None, None)
 
 
 def _row(layers, method, taus):
@@ -132,9 +135,9 @@ def test_verdict_calls_a_difference_only_when_its_interval_excludes_zero():
     rows = [_row([2, 4, 5], "eagle3-default", [1.20, 1.21, 1.22]), _row([1, 4, 6], "cka-mrmr", [1.30, 1.31, 1.32]),
             _row([3, 4, 5], "even", [1.10, 1.30, 1.20]), _row([1, 2, 3], "random-0", [1.00, 1.01, 1.02])]
     text = verdict(rows, "b")
-    assert "beyond noise (Welch 95% interval of the difference above 0): [1, 4, 6] (cka-mrmr, +0.100" in text
+    assert "beyond noise (paired-by-seed 95% interval of the difference above 0): [1, 4, 6] (cka-mrmr, +0.100" in text
     assert "Worse: [1, 2, 3] (random-0, -0.200" in text and "Within noise: 1 of 3." in text
     partly = rows[:3] + [{**rows[3], "tau_ci95": None, "seeds": [0], "tau_per_seed": [1.0]}]
-    assert "Within noise: 1 of 2. Not compared yet (one seed): 1." in verdict(partly, "b")
+    assert "Within noise: 1 of 2. Not compared yet (under two seeds in common): 1." in verdict(partly, "b")
     one_seed = [{**r, "tau_ci95": None, "seeds": [0], "tau_per_seed": r["tau_per_seed"][:1]} for r in rows]
     assert verdict(one_seed, "b").endswith("from one seed per set: no interval, no conclusion.")
