@@ -40,7 +40,7 @@ def t95(df: float) -> float:
 
 
 def mean_ci95(values: list[float]) -> tuple[float, float | None]:
-    """Mean and half-width of its 95% t interval (None for a uncompared value: no spread to show)."""
+    """Mean and half-width of its 95% t interval (None for a single value: no spread to show)."""
     n = len(values)
     mean = float(np.mean(values))
     if n < 2:
@@ -139,11 +139,6 @@ def verdict(rows: list[dict], bench: str) -> str:
     if not here or default is None:
         return f"{bench}: no evaluated EAGLE-3 default to compare with."
     others = [r for r in here if r is not default]
-    best = max(here, key=lambda r: r["tau_mean"])
-    if default["tau_ci95"] is None or not any(len(r["seeds"]) > 1 for r in others):
-        leader = "the EAGLE-3 default" if best is default else f"{best['layers']} ({best['method']})"
-        return (f"{bench}: {leader} has the highest mean τ ({best['tau_mean']:.3f}) of {len(here)} sets, "
-                "from one seed per set: no interval, no conclusion.")
     better, worse, within, uncompared = [], [], 0, 0
     for r in others:
         difference, half = paired_difference_ci95(per_seed(r), per_seed(default))
@@ -158,6 +153,11 @@ def verdict(rows: list[dict], bench: str) -> str:
         else:
             within += 1
     compared = len(others) - uncompared
+    if not compared:
+        best = max(here, key=lambda r: r["tau_mean"])
+        leader = "the EAGLE-3 default" if best is default else f"{best['layers']} ({best['method']})"
+        return (f"{bench}: {leader} has the highest mean τ ({best['tau_mean']:.3f}) of {len(here)} sets, "
+                "from one seed per set: no interval, no conclusion.")
     pending = f" Not compared yet (under two seeds in common): {uncompared}." if uncompared else ""
     return (f"{bench}: default {default['layers']} τ {default['tau_mean']:.3f} ± {default['tau_ci95']:.3f}. "
             f"Better than the default beyond noise (paired-by-seed 95% interval of the difference above 0): "
