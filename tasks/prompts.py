@@ -2,14 +2,20 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 
 from store import schema
 from store.access import open_existing
 from store.errors import LayerwaveError
 from tasks.corpus import load_corpus
+from tasks.offline_tau import whole_first_reply
+from tasks.plan import documents_in
+from tasks.regen_corpus import read_generated
+from tasks.train_data import heldout_documents
 
-BENCHES = "mt-bench, sharegpt, jsonl:PATH"
+BENCHES = "mt-bench, sharegpt, heldout, jsonl:PATH"
 
 
 def first_turns(bench: str, limit: int | None, exclude: set[int] = frozenset(), seed: int = 0) -> list[str]:
@@ -31,19 +37,26 @@ def used_records(store: str | None, model_key: str) -> set[int]:
     if not store:
         return set()
     group = open_existing(store, schema.activations_path(model_key))
-    if group is None or group.attrs.get("corpus", {}).get("spec") != "sharegpt":
-        return set()
-    return set(int(i) for i in group["source_record"][:])
+    spec = group.attrs.get("corpus", {}).get("spec", "") if group is not None else ""
+    used = [int(i) for i in group["source_record"][:]] if group is not None else []
+    if spec.startswith("regen:"):  # a generated corpus: its conversations' own ShareGPT records
+        conversations_records, manifest = read_generated(Path(spec[6:]))[1:]
+        if manifest["source"]["spec"] != "sharegpt":
+            return set()
+        return {conversations_records[i] for i in used}
+    return set(used) if spec == "sharegpt" else set()
 
 
-def encode_prompts(tokenizer, turns: list[str], max_positions: int, max_new_tokens: int) -> list[list[int]]:
-    """Chat-template each turn with the generation prompt; refuse prompts that leave no room."""
+def encode_prompts(tokenizer, turns: list[str], max_positions: int, max_new_tokens: int,
+                   encoded: list[list[int]] = ()) -> list[list[int]]:
+    """Chat-template each turn with the generation prompt (after any prompts given `encoded`);
+    refuse prompts that leave no room."""
     if max_new_tokens < 1:
         raise LayerwaveError(f"--max-new-tokens must be at least 1 (got {max_new_tokens})")
     prompts = []
-    for number, turn in enumerate(turns):
-        ids = tokenizer.apply_chat_template([{"role": "user", "content": turn}], add_generation_prompt=True,
-                                            tokenize=True, return_dict=True)["input_ids"]
+    templated = (tokenizer.apply_chat_template([{"role": "user", "content": turn}], add_generation_prompt=True,
+                                               tokenize=True, return_dict=True)["input_ids"] for turn in turns)
+    for number, ids in enumerate([*encoded, *templated]):
         if len(ids) + max_new_tokens > max_positions:
             raise LayerwaveError(f"prompt {number} has {len(ids)} tokens; with --max-new-tokens {max_new_tokens} "
                                  f"it exceeds the model's context of {max_positions}; lower --max-new-tokens or "
@@ -52,3 +65,27 @@ def encode_prompts(tokenizer, turns: list[str], max_positions: int, max_new_toke
     if not prompts:
         raise LayerwaveError("the benchmark has no prompts; check --bench and --limit")
     return prompts
+
+
+def heldout_prompts(store: str | None, model_key: str, seed: int, holdout: float, limit: int | None,
+                    eos: int | None, max_new_tokens: int) -> list[list[int]]:
+    """The exact prompt tokens of the held-out documents (the head's held-out split) whose first
+    reply the store holds whole, so real decoding replays what `τ_offline --first-turn-only`
+    simulates."""
+    if not store:
+        raise LayerwaveError("--bench heldout replays a store's held-out documents; pass --store")
+    group = open_existing(store, schema.activations_path(model_key))
+    if group is None:
+        raise LayerwaveError(f"no activations for {model_key} in {store}; run `layerwave extract` first")
+    doc, token_id, mask = group[schema.DOC][:], group[schema.TOKEN_ID][:], group[schema.LOSS_MASK][:]
+    heldout = heldout_documents(int(doc.max()) + 1 if len(doc) else 0, holdout, seed)
+    prompts = []
+    for a, b in documents_in(doc):
+        if not heldout[doc[a]]:
+            continue
+        reply = whole_first_reply(token_id[a:b], mask[a:b], eos, max_new_tokens)
+        if reply:
+            prompts.append(token_id[a: a + reply[0].start].tolist())
+    if not prompts:
+        raise LayerwaveError(f"no held-out document of {store} holds a whole first reply after its prompt")
+    return prompts[:limit] if limit else prompts

@@ -13,7 +13,10 @@ from store.errors import LayerwaveError
 
 
 def render(tokenizer, conversation) -> tuple[np.ndarray, np.ndarray]:
-    """(token ids int32, loss_mask bool): loss_mask marks assistant reply tokens, end-of-turn included."""
+    """(token ids int32, loss_mask bool): loss_mask marks assistant reply tokens, end-of-turn included.
+    A generated conversation brings its own exact tokens (tasks/regen_corpus.py) and keeps them."""
+    if hasattr(conversation, "token_ids"):
+        return np.asarray(conversation.token_ids, dtype=np.int32), np.asarray(conversation.loss_mask, dtype=bool)
     messages = list(conversation)
     ends_with_prompt = messages[-1]["role"] != "assistant"
     text = _template(tokenizer, messages, add_generation_prompt=ends_with_prompt)

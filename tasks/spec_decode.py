@@ -147,7 +147,10 @@ def speculative_generate(target, layers: list[int], drafter, prompt: list[int], 
         result.forwards += 1
         result.accepted.append(len(new) - 1)
         result.tokens += new
-    result.tokens = _trim(result.tokens, max_new_tokens, eos_token_id)
+    kept = _trim(result.tokens, max_new_tokens, eos_token_id)
+    if result.accepted:  # τ counts only kept tokens: the last round's past EOS or the budget are cut
+        result.accepted[-1] -= len(result.tokens) - len(kept)
+    result.tokens = kept
     result.seconds = time.perf_counter() - began
     return result
 

@@ -53,20 +53,22 @@ class StoreBatches:
         self.layout = Layout(**self.group.attrs["layout"])
         self.layers, self.seq_len, self.batch_size, self.seed = list(layers), seq_len, batch_size, seed
         self.doc = self.group[schema.DOC][:]  # read once: every epoch's plan splits it again
+        self.loss_mask = self.group[schema.LOSS_MASK][:]
         self.n_docs = int(self.doc.max()) + 1 if len(self.doc) else 0
         self.heldout_docs = heldout_documents(self.n_docs, holdout, seed)
         self.storage_dtype = self.group[schema.HIDDEN_STATES].attrs.get("storage_dtype", "float32")
 
     def windows(self, shard: int, heldout: bool) -> list[tuple[int, int]]:
-        """(start, stop) store token ranges of this shard's windows in the chosen split."""
+        """(start, stop) store token ranges of this shard's windows in the chosen split; windows
+        that teach nothing (no loss-masked token with a next token) are left out."""
         start, stop = self.layout.shard_range(shard)
         doc = self.doc[start:stop]
         out = []
         for a, b in documents_in(doc):
             if self.heldout_docs[doc[a]] != heldout:
                 continue
-            out += [(start + w, start + min(w + self.seq_len, b)) for w in range(a, b, self.seq_len)
-                    if min(w + self.seq_len, b) - w >= 2]
+            spans = [(start + w, start + min(w + self.seq_len, b)) for w in range(a, b, self.seq_len)]
+            out += [(w, e) for w, e in spans if e - w >= 2 and self.loss_mask[w: e - 1].any()]
         return out
 
     def plan(self, epoch: int, heldout: bool = False) -> list[tuple[int, list[tuple[int, int]]]]:
@@ -88,6 +90,19 @@ class StoreBatches:
             if shard != cached_shard:
                 cached_shard, arrays = shard, self._read_shard(shard)
             yield self._batch(arrays, self.layout.shard_range(shard)[0], windows)
+
+    def heldout_documents(self):
+        """Whole held-out documents, in store order: (aux, token_id, position, loss_mask) arrays."""
+        for shard in range(self.layout.n_shards):
+            start, stop = self.layout.shard_range(shard)
+            doc = self.doc[start:stop]
+            spans = [(a, b) for a, b in documents_in(doc) if self.heldout_docs[doc[a]]]
+            if not spans:
+                continue
+            arrays = self._read_shard(shard)
+            for a, b in spans:
+                yield (arrays["aux"][a:b], arrays["token_id"][a:b], arrays["position"][a:b],
+                       arrays["loss_mask"][a:b])
 
     def _read_shard(self, shard: int) -> dict:
         start, stop = self.layout.shard_range(shard)

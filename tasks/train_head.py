@@ -16,8 +16,10 @@ from store import schema
 from store.errors import LayerwaveError
 from tasks import load_model
 from tasks.draft_head import DraftConfig, DraftHead, draft_vocabulary, target_to_draft
+from tasks.offline_tau import offline_tau
 from tasks.train_data import StoreBatches
 from tasks.ttt import unroll
+from tasks.warm_start import warm_start
 
 
 @dataclass(frozen=True)
@@ -34,6 +36,10 @@ class TrainConfig:
     draft_vocab_size: int = 32000
     holdout: float = 0.05
     seed: int = 0
+    warm_start: bool = False  # lm_head rows and final norm from the target's (tasks/warm_start.py)
+    freeze_lm_head: bool = False  # keep the warm-started lm_head and final norm as the target's
+    lm_head_lr_scale: float = 1.0  # their learning rate relative to the rest, when they train
+    chain_depth: int = 4  # drafts per round in the offline τ recorded at each evaluation
 
 
 PRESETS = {
@@ -63,7 +69,21 @@ def build_head(data: StoreBatches, config: TrainConfig) -> DraftHead:
     head.t2d.copy_(t2d)
     with torch.no_grad():
         head.embed_tokens.weight.copy_(target.model.get_input_embeddings().weight.float())
+    if config.warm_start:
+        warm_start(head, target.model)
+    if config.freeze_lm_head:
+        for p in (*head.lm_head.parameters(), *head.norm.parameters()):
+            p.requires_grad_(False)
     return head
+
+
+def parameter_groups(head: DraftHead, config: TrainConfig) -> list[dict]:
+    """The lm_head and final norm in a group of their own, whose learning rate is scaled."""
+    output = {id(p) for p in (*head.lm_head.parameters(), *head.norm.parameters())}
+    trainable = [p for p in head.parameters() if p.requires_grad]
+    groups = [{"params": [p for p in trainable if id(p) not in output], "scale": 1.0},
+              {"params": [p for p in trainable if id(p) in output], "scale": config.lm_head_lr_scale}]
+    return [g for g in groups if g["params"]]
 
 
 def learning_rate(step: int, total: int, config: TrainConfig) -> float:
@@ -75,7 +95,15 @@ def learning_rate(step: int, total: int, config: TrainConfig) -> float:
 
 
 @torch.no_grad()
-def evaluate(head: DraftHead, data: StoreBatches, steps: int) -> dict:
+def held_out_metrics(head: DraftHead, data: StoreBatches, config: TrainConfig, eos: int | None) -> dict:
+    """Held-out loss and accuracy per TTT step, and τ_offline of chain drafting along the held-out
+    replies (meaningful when they are the target's own: a store of a regen: corpus)."""
+    return {**held_out_accuracy(head, data, config.ttt_steps),
+            "tau_offline": offline_tau(head, data, config.chain_depth, eos)}
+
+
+@torch.no_grad()
+def held_out_accuracy(head: DraftHead, data: StoreBatches, steps: int) -> dict:
     """Held-out loss and accuracy per TTT step (accuracy: draft argmax = target argmax)."""
     index = target_to_draft(head.t2d)
     loss, correct, counted = np.zeros(steps), np.zeros(steps), np.zeros(steps)
@@ -104,8 +132,9 @@ def train(store: str, model_key: str, layers: list[int], out: Path, config: Trai
     source = data.group.attrs["plan_hash"]
     checkpoint = out / "checkpoint.pt"
     head = build_head(data, config).to(device)
-    optimizer = torch.optim.AdamW([p for p in head.parameters() if p.requires_grad], lr=config.lr,
-                                  weight_decay=config.weight_decay)
+    eos = load_model.load(data.group.attrs["model"]["argument"], "cpu",
+                          data.group.attrs["extraction"]["dtype"]).tokenizer.eos_token_id
+    optimizer = torch.optim.AdamW(parameter_groups(head, config), lr=config.lr, weight_decay=config.weight_decay)
     step, history, untrained = 0, [], None
     if checkpoint.exists():
         state = torch.load(checkpoint, weights_only=False, map_location=device)
@@ -117,7 +146,7 @@ def train(store: str, model_key: str, layers: list[int], out: Path, config: Trai
         step, history, untrained = state["step"], state["history"], state["untrained"]
         log(f"resuming from step {step}/{total}")
     else:
-        untrained = evaluate(head, data, config.ttt_steps)
+        untrained = held_out_metrics(head, data, config, eos)
     index = target_to_draft(head.t2d)
     weights = [0.8 ** i for i in range(config.ttt_steps)]
     started, tokens = time.perf_counter(), 0
@@ -126,7 +155,7 @@ def train(store: str, model_key: str, layers: list[int], out: Path, config: Trai
         epoch, offset = divmod(step, per_epoch)
         for batch in data.batches(data.plan(epoch), skip=offset):
             for group in optimizer.param_groups:
-                group["lr"] = learning_rate(step, total, config)
+                group["lr"] = learning_rate(step, total, config) * group["scale"]
             results = unroll(head, batch.to(device), index, config.ttt_steps)
             loss = sum(w * r.loss for w, r in zip(weights, results))
             if not torch.isfinite(loss):
@@ -134,14 +163,15 @@ def train(store: str, model_key: str, layers: list[int], out: Path, config: Trai
                                      f"is {checkpoint if checkpoint.exists() else 'not written yet'}; lower the lr")
             optimizer.zero_grad()
             loss.backward()
-            torch.nn.utils.clip_grad_norm_(head.parameters(), config.grad_clip)
+            torch.nn.utils.clip_grad_norm_([p for p in head.parameters() if p.requires_grad], config.grad_clip)
             optimizer.step()
             step, tokens = step + 1, tokens + batch.tokens
             if step % config.eval_every == 0 or step == total:
-                metrics = evaluate(head, data, config.ttt_steps)
+                metrics = held_out_metrics(head, data, config, eos)
                 history.append({"step": step, "train_loss": loss.item(), **metrics})
                 log(f"step {step}/{total} loss {loss.item():.3f} held-out accuracy per TTT step "
-                    + " ".join(f"{a:.3f}" for a in metrics["accuracy"]))
+                    + " ".join(f"{a:.3f}" for a in metrics["accuracy"])
+                    + f", τ_offline {metrics['tau_offline']['tau']:.3f} ({metrics['tau_offline']['rounds']} rounds)")
                 _save(checkpoint, head, optimizer, step, history, untrained, layers, config, source)
             elif step % progress_every == 0:  # between evaluations: a progress line and a resume point
                 log(f"step {step}/{total} loss {loss.item():.3f}, "
@@ -172,4 +202,9 @@ def preset(name: str, **overrides) -> TrainConfig:
     for option in ("epochs", "ttt_steps"):
         if overrides.get(option) is not None and overrides[option] < 1:
             raise LayerwaveError(f"--{option.replace('_', '-')} must be at least 1 (got {overrides[option]})")
-    return replace(PRESETS[name], **{k: v for k, v in overrides.items() if v is not None})
+    if overrides.get("lm_head_lr_scale") is not None and overrides["lm_head_lr_scale"] < 0:
+        raise LayerwaveError(f"--lm-head-lr-scale must be >= 0 (got {overrides['lm_head_lr_scale']})")
+    config = replace(PRESETS[name], **{k: v for k, v in overrides.items() if v is not None})
+    if config.freeze_lm_head and not config.warm_start:
+        raise LayerwaveError("--freeze-lm-head keeps the lm_head as it starts; it needs --warm-start")
+    return config

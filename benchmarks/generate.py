@@ -1,0 +1,89 @@
+"""Reply generation speed: batched (left padding, KV cache) against one prompt at a time, same run.
+
+    python benchmarks/generate.py [--prompts 32] [--max-new-tokens 128] [--batch-sizes 16,32]
+                                  [--out benchmarks/out/generate.json]
+
+The same ShareGPT first turns are answered greedily by SmolLM2-135M with Hugging Face `generate`
+one prompt at a time (the baseline) and by `tasks.generate.generate_batch` in batches sorted by
+prompt length, as `layerwave generate` runs it. Prints reply tokens/s and the ratio; writes JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+import torch
+
+from tasks import load_model
+from tasks.corpus import load_corpus
+from tasks.generate import generate_batch, source_order
+
+
+def prompts_of(tokenizer, count: int, max_prompt_tokens: int) -> list[list[int]]:
+    corpus = load_corpus("sharegpt")
+    prompts = []
+    for record in source_order(len(corpus), 0):
+        turn = next(m for m in corpus[record] if m["role"] == "user")
+        ids = tokenizer.apply_chat_template([turn], add_generation_prompt=True, tokenize=True,
+                                            return_dict=True)["input_ids"]
+        if len(ids) <= max_prompt_tokens:
+            prompts.append(list(ids))
+        if len(prompts) == count:
+            return prompts
+    return prompts
+
+
+def timed(fn) -> tuple[list[list[int]], float]:
+    began = time.perf_counter()
+    replies = fn()
+    return replies, time.perf_counter() - began
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default="smollm2-135m")
+    parser.add_argument("--prompts", type=int, default=32)
+    parser.add_argument("--max-new-tokens", type=int, default=128)
+    parser.add_argument("--max-prompt-tokens", type=int, default=1024)
+    parser.add_argument("--batch-sizes", default="16,32")
+    parser.add_argument("--out", default="benchmarks/out/generate.json")
+    args = parser.parse_args()
+    loaded = load_model.load(args.model, "cpu", "auto")
+    eos = loaded.tokenizer.eos_token_id
+    pad = loaded.tokenizer.pad_token_id if loaded.tokenizer.pad_token_id is not None else eos
+    prompts = sorted(prompts_of(loaded.tokenizer, args.prompts, args.max_prompt_tokens), key=len)
+    generate_batch(loaded.model, prompts[:2], 4, eos, pad, 0.0)  # warm-up, untimed
+
+    def one_at_a_time():
+        return [generate_batch(loaded.model, [p], args.max_new_tokens, eos, pad, 0.0)[0] for p in prompts]
+
+    single, single_s = timed(one_at_a_time)
+    single_rate = sum(map(len, single)) / single_s
+    print(f"one prompt at a time: {sum(map(len, single))} reply tokens in {single_s:.1f}s, {single_rate:.1f} tokens/s")
+    rows = []
+    for size in (int(s) for s in args.batch_sizes.split(",")):
+        def batched():
+            return [r for i in range(0, len(prompts), size)
+                    for r in generate_batch(loaded.model, prompts[i: i + size], args.max_new_tokens, eos, pad, 0.0)]
+
+        replies, seconds = timed(batched)
+        rate = sum(map(len, replies)) / seconds
+        same = sum(a == b for a, b in zip(replies, single))
+        rows.append({"batch_size": size, "tokens": sum(map(len, replies)), "seconds": seconds, "tokens_per_s": rate,
+                     "ratio": rate / single_rate, "replies_identical_to_unbatched": same})
+        print(f"batch {size}: {rows[-1]['tokens']} reply tokens in {seconds:.1f}s, {rate:.1f} tokens/s, "
+              f"{rate / single_rate:.2f}x; {same}/{len(prompts)} replies identical to unbatched greedy")
+    result = {"model": args.model, "prompts": len(prompts), "max_new_tokens": args.max_new_tokens,
+              "threads": torch.get_num_threads(), "baseline": {"tokens": sum(map(len, single)), "seconds": single_s,
+                                                               "tokens_per_s": single_rate},
+              "batched": rows}
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()

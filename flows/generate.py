@@ -1,0 +1,92 @@
+"""The generation flow: the target answers a corpus's prompts itself, shard by shard.
+
+    plan (manifest) → generate shard 0, 1, ... until the reply-token budget is spent → complete
+
+Re-running skips committed shards and regenerates the rest exactly (tasks/generate.py).
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from prefect import flow, get_run_logger
+from prefect.artifacts import create_progress_artifact, update_progress_artifact
+
+from store.lock import WHOLE, writer_lock
+from tasks import load_model
+from tasks.corpus import load_corpus
+from tasks.generate import (GenerateRequest, check_chat_template, check_request, finish, generate_shard_task,
+                            prepare, shard_stats)
+from tasks.regen_corpus import committed_shards
+from tasks.registry import resolve
+
+
+@flow(name="layerwave-generate")
+def generate(model: str = "smollm2-135m", source: str = "sharegpt", out: str = "", tokens: int = 20000,
+             max_new_tokens: int = 256, max_prompt_tokens: int = 1024, turns: int = 3, temperature: float = 0.0,
+             seed: int = 0, batch_size: int = 32, shard_size: int = 64, device: str = "auto",
+             overwrite: bool = False) -> dict:
+    """`model` writes its own replies to `source`'s user turns into `out` (a regen:DIR corpus),
+    until at least `tokens` reply tokens exist; greedy unless `temperature` > 0."""
+    logger = get_run_logger()
+    request = GenerateRequest(model, source, out, tokens, max_new_tokens, max_prompt_tokens, turns, temperature,
+                              seed, batch_size, shard_size, device, overwrite)
+    check_request(request)
+    key = resolve(model).key
+    with writer_lock(out, key, WHOLE, activity="generation"):
+        loaded = load_model.load(model, device, "auto")
+        check_chat_template(loaded.tokenizer, model)
+        manifest = prepare(request, loaded.provenance)
+        if manifest["complete"]:
+            logger.info("corpus %s is complete: %d reply tokens in %d shards", out, manifest["tokens"],
+                        manifest["shards"])
+            return _summary(out, manifest, 0, 0.0)
+        n_conversations = len(load_corpus(source))
+        done = committed_shards(Path(out))
+        spent = sum(shard_stats(path)["tokens"] for path in done)
+        shard = len(done)
+        logger.info("%s answers %s into %s: %d of at least %d reply tokens already generated (%d shards)",
+                    key, source, out, spent, tokens, shard)
+        artifact = create_progress_artifact(progress=min(100.0, 100.0 * spent / tokens),
+                                            description=f"layerwave generate {key} → {out}")
+        meter = _Meter(logger, spent, tokens)
+        while spent < tokens and shard * shard_size < n_conversations:
+            meter.shard = shard
+            result = generate_shard_task(request, shard, spent, progress=meter.add)
+            spent, shard = spent + result["tokens"], shard + 1
+            update_progress_artifact(artifact, progress=min(100.0, 100.0 * spent / tokens))
+        if spent < tokens:
+            logger.warning("the corpus ran out after %d reply tokens (asked for %d)", spent, tokens)
+        manifest = finish(Path(out), manifest, committed_shards(Path(out))[:shard])
+    logger.info("corpus %s complete: %d replies, %d reply tokens; use --corpus regen:%s", out, manifest["replies"],
+                spent, out)
+    return _summary(out, manifest, meter.generated, meter.elapsed())
+
+
+class _Meter:
+    """A text progress bar with tokens/s and the time left, one line per generated batch."""
+
+    def __init__(self, logger, spent: int, budget: int):
+        self.logger, self.spent, self.budget = logger, spent, budget
+        self.generated, self.started, self.shard = 0, time.perf_counter(), 0
+
+    def elapsed(self) -> float:
+        return time.perf_counter() - self.started
+
+    def add(self, tokens: int) -> None:
+        self.generated += tokens
+        rate = self.generated / max(self.elapsed(), 1e-9)
+        total = self.spent + self.generated
+        share = min(1.0, total / self.budget)
+        bar = "#" * round(20 * share) + "." * (20 - round(20 * share))
+        left = max(0, self.budget - total) / max(rate, 1e-9)
+        self.logger.info("generate [%s] %3.0f%% %d/%d reply tokens, shard %d, %.0f tokens/s, ~%.0f min left", bar,
+                         100 * share, total, self.budget, self.shard, rate, left / 60)
+
+
+def _summary(out: str, manifest: dict, generated: int, seconds: float) -> dict:
+    return {"out": out, "corpus": f"regen:{out}", "shards": manifest["shards"], "tokens": manifest["tokens"],
+            "replies": manifest["replies"], "finished_replies": manifest["finished_replies"],
+            "roundtrip_exact": manifest["roundtrip_exact"], "generated_now": generated,
+            "tokens_per_s": generated / seconds if seconds > 0 else None}

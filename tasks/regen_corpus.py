@@ -1,0 +1,79 @@
+"""Read a corpus the target generated (`layerwave generate`): a directory of JSONL shards and a manifest.
+
+Kept apart from the generation itself so reading a corpus never imports torch.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+from store.errors import LayerwaveError
+
+FORMAT = "layerwave-regen/1"
+MANIFEST = "manifest.json"
+
+
+def shard_path(out: Path, shard: int) -> Path:
+    return out / f"shard-{shard:05d}.jsonl"
+
+
+def committed_shards(out: Path) -> list[Path]:
+    """Shards written whole, in order (a shard file exists only once it is complete)."""
+    shards = []
+    while shard_path(out, len(shards)).is_file():
+        shards.append(shard_path(out, len(shards)))
+    return shards
+
+
+def read_manifest(out: Path) -> dict | None:
+    path = out / MANIFEST
+    if not path.is_file():
+        return None
+    try:
+        return json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        raise LayerwaveError(f"{path} is not a layerwave generation manifest; remove it or use another --out") \
+            from None
+
+
+def read_generated(out: Path) -> tuple[list[tuple], list[int], dict]:
+    """(conversations, their source-corpus records, manifest) of a complete generation in `out`."""
+    manifest = read_manifest(out)
+    if manifest is None or manifest.get("format") != FORMAT:
+        raise LayerwaveError(f"corpus regen:{out}: no generated corpus there (no {MANIFEST}); "
+                             "write one with `layerwave generate --out DIR`")
+    if not manifest.get("complete"):
+        raise LayerwaveError(f"corpus regen:{out} is incomplete; re-run the same `layerwave generate` to finish it")
+    conversations, records = [], []
+    for path in committed_shards(out)[: manifest["shards"]]:
+        for line in path.read_text(encoding="utf-8").splitlines():
+            row = json.loads(line)
+            conversations.append(GeneratedConversation(row["messages"], row["token_ids"], row["loss_mask"]))
+            records.append(row["source_record"])
+    return conversations, records, manifest
+
+
+class GeneratedConversation(tuple):
+    """A conversation (its messages) that also carries the exact tokens the target saw and wrote,
+    so extraction stores the target's own token sequence rather than a re-tokenization of its text."""
+
+    def __new__(cls, messages, token_ids, loss_mask):
+        conversation = super().__new__(cls, messages)
+        conversation.token_ids, conversation.loss_mask = token_ids, loss_mask
+        return conversation
+
+
+def generator_key(spec: str) -> str | None:
+    """The model key that generated a regen: corpus (None for other corpora)."""
+    if not spec.startswith("regen:"):
+        return None
+    manifest = read_manifest(Path(spec[6:]).expanduser())
+    return manifest["model"]["key"] if manifest else None
+
+
+def corpus_dir(store: str, model_key: str, source: str) -> Path:
+    """Where a store's generated corpora live by default: beside it, one folder per model and source."""
+    name = re.sub(r"[^A-Za-z0-9._-]+", "-", Path(source.split(":", 1)[-1]).stem if ":" in source else source)
+    return Path(store).with_name(Path(store).stem + ".corpora") / f"{model_key}-{name}"
