@@ -353,6 +353,10 @@ def _pipeline_parser(sub) -> None:
                                                      "study (the published comparison, hours), full (GPU)")
     p.add_argument("--store", help="Zarr store (default: the preset's, e.g. layerwave.zarr for quick)")
     p.add_argument("--limit", type=int, help="train and evaluate at most this many candidate sets")
+    p.add_argument("--corpus", help="extract this corpus instead of the target's own replies to ShareGPT prompts "
+                                    "(e.g. sharegpt, as the published SmolLM2 study did)")
+    p.add_argument("--warm-start", action=argparse.BooleanOptionalAction, default=None,
+                   help="heads start from the target's lm_head and final norm (default: the preset's, on)")
     p.add_argument("--json", help="write the run summary to this file")
     s = sub.add_parser("sweep", help="run the pipeline for every registered model without a complete result")
     s.add_argument("--preset", default="quick")
@@ -368,9 +372,10 @@ def _pipeline_parser(sub) -> None:
 def _run_pipeline(args) -> dict:
     from flows.pipeline import check_request, pipeline
 
-    check_request(args.model, args.preset, args.limit)
+    check_request(args.model, args.preset, args.limit, args.corpus)
     _configure_logging()
-    summary = pipeline(model=args.model, preset=args.preset, store=args.store, limit=args.limit)
+    summary = pipeline(model=args.model, preset=args.preset, store=args.store, limit=args.limit, corpus=args.corpus,
+                       warm_start=args.warm_start)
     print(f"report: {summary['report']}")
     return summary
 

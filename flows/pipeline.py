@@ -1,6 +1,6 @@
 """The whole question for one model as one Prefect flow, and a sweep over every registered model.
 
-    extract → statistics → selection → for each seed: (for each candidate set: train → evaluate) → report
+    generate → extract → statistics → selection → for each seed: (for each set: train → evaluate) → report
 
 Every stage is idempotent: extraction by its shard commit markers, analysis, selection, training
 and evaluation by the stage key of their inputs stored beside their outputs (tasks/stage_key.py).
@@ -19,6 +19,7 @@ from prefect.cache_policies import NO_CACHE
 from flows.analyze import analyze
 from flows.evaluate import evaluate
 from flows.extract import extract
+from flows.generate import generate
 from flows.report import report_task
 from flows.selection import select
 from flows.train import train_head
@@ -26,24 +27,37 @@ from store import schema
 from store.access import open_existing
 from store.errors import LayerwaveError
 from tasks.pipeline_presets import REFERENCE_FILTER, PipelinePreset, pipeline_preset, preset_store
+from tasks.corpus import load_corpus
 from tasks.plots import reports_dir
+from tasks.regen_corpus import corpus_dir
 from tasks.registry import registry, resolve
 from tasks.report import evaluation_path, head_dir
 from tasks.stage_key import current_record, stage_key, write_record
 
-CORPUS = "sharegpt"
+SOURCE = "sharegpt"  # prompts the target answers (or, without generation, the corpus itself)
 BASELINES = ("even", "last-k")
 
 
-def check_request(model: str, preset: str, limit: int | None) -> str:
+def check_request(model: str, preset: str, limit: int | None, corpus: str | None = None) -> str:
     """A pipeline request's mistakes, before any stage runs; returns the model's store group."""
     pipeline_preset(preset)
     if limit is not None and limit < 1:
         raise LayerwaveError(f"--limit must be at least 1 (got {limit})")
-    return resolve(model).key  # an unknown model fails here, with the list of known ones
+    key = resolve(model).key  # an unknown model fails here, with the list of known ones
+    if corpus is not None:
+        load_corpus(corpus)
+    return key
 
 
-def extraction_current(store: str, model_key: str, model: str, p: PipelinePreset) -> bool:
+def corpus_for(store: str, model_key: str, p: PipelinePreset, corpus: str | None) -> str:
+    """The corpus the store is extracted from: `corpus` if given, else the preset's (the target's
+    own replies to ShareGPT prompts, or ShareGPT as is)."""
+    if corpus is not None:
+        return corpus
+    return f"regen:{corpus_dir(store, model_key, SOURCE)}" if p.generate_tokens else SOURCE
+
+
+def extraction_current(store: str, model_key: str, model: str, p: PipelinePreset, corpus: str) -> bool:
     """True when the store holds a complete extraction made with this pipeline's settings, so the
     extract stage can be skipped without loading the model or the corpus."""
     group = open_existing(store, schema.activations_path(model_key))
@@ -53,7 +67,7 @@ def extraction_current(store: str, model_key: str, model: str, p: PipelinePreset
     corpus = attrs.get("corpus", {})
     return bool(attrs.get("complete")) and attrs.get("model", {}).get("argument") == model and (
         corpus.get("spec"), corpus.get("tokens_requested"), corpus.get("max_length"), corpus.get("seed")) == (
-        CORPUS, p.tokens, p.max_length, 0)
+        corpus, p.tokens, p.max_length, 0)
 
 
 def by_priority(candidates: list[dict]) -> list[dict]:
@@ -96,15 +110,22 @@ def is_complete(store: str, model_key: str, preset: str) -> bool:
 
 @flow(name="layerwave-pipeline")
 def pipeline(model: str = "smollm2-135m", preset: str = "quick", store: str | None = None,
-             limit: int | None = None) -> dict:
-    """Extract, analyse, select, train and evaluate every candidate layer set of `model`, then report."""
+             limit: int | None = None, corpus: str | None = None, warm_start: bool | None = None) -> dict:
+    """Generate the target's own replies, extract, analyse, select, train and evaluate every
+    candidate layer set of `model`, then report. `corpus` replaces the generated corpus (e.g.
+    "sharegpt" as is) and `warm_start` the preset's head initialisation."""
     logger = get_run_logger()
-    key = check_request(model, preset, limit)
+    key = check_request(model, preset, limit, corpus)
     p, store = pipeline_preset(preset), preset_store(preset, store)
-    if extraction_current(store, key, model, p):
+    corpus = corpus_for(store, key, p, corpus)
+    warm_start = p.warm_start if warm_start is None else warm_start
+    if extraction_current(store, key, model, p, corpus):
         logger.info("extraction of %s in %s is complete", key, store)
     else:
-        extract(model=model, corpus=CORPUS, tokens=p.tokens, max_length=p.max_length, store=store)
+        if corpus == corpus_for(store, key, p, None) and p.generate_tokens:
+            generate(model=model, source=SOURCE, out=corpus.removeprefix("regen:"), tokens=p.generate_tokens,
+                     max_new_tokens=p.generate_max_new_tokens)
+        extract(model=model, corpus=corpus, tokens=p.tokens, max_length=p.max_length, store=store)
     analyze(model=model, store=store, entropy_quantile=p.entropy_quantile, drop_first_token=True,
             memory_gb=p.memory_gb)
     candidates = select(model=model, store=store, filter_key=REFERENCE_FILTER.key, n_random=p.n_random)
@@ -116,7 +137,7 @@ def pipeline(model: str = "smollm2-135m", preset: str = "quick", store: str | No
         for candidate in chosen:
             head = str(head_dir(store, key, preset, candidate["layers"], seed))
             train_head(model=model, store=store, layers=candidate["layers"], out=head, preset_name=p.train_preset,
-                       seed=seed, epochs=p.epochs)
+                       seed=seed, epochs=p.epochs, warm_start=warm_start)
             for bench in p.benches:
                 result = evaluate_stage(model, head, bench, p, store)
                 evaluated.append({"layers": candidate["layers"], "seed": seed, "bench": bench, "tau": result["tau"],

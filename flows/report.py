@@ -40,7 +40,7 @@ def report_task(store: str, model_key: str, preset: str, sets: list[list[int]] |
     folder = reports_dir(store, model_key)
     corpus = open_activations(store, model_key).attrs["corpus"]
     facts = {"model": model_key, "store": store, "preset": preset,
-             "training tokens (ShareGPT)": corpus["tokens"], "documents": corpus["documents"],
+             "training corpus": corpus["spec"], "training tokens": corpus["tokens"], "documents": corpus["documents"],
              "seeds": ", ".join(map(str, p.seeds)), "benchmarks": ", ".join(benches),
              "prompts per benchmark": p.prompts, "max new tokens": p.max_new_tokens, "draft depth": p.depth,
              "selection scored on token filter": REFERENCE,

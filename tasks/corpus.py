@@ -99,10 +99,17 @@ def _mtbench() -> list[Conversation]:
 def _jsonl(path: Path) -> list[Conversation]:
     """One conversation per line: {"messages"|"conversations": [...]}, {"turns": [...]} (first
     turn) or {"prompt": "..."}."""
+    if path.is_dir():
+        raise LayerwaveError(f"corpus file {path} is a directory; give a JSONL file (regen:DIR reads a corpus "
+                             "`layerwave generate` wrote)")
     if not path.is_file():
         raise LayerwaveError(f"corpus file {path} does not exist")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        raise LayerwaveError(f"corpus file {path} is not UTF-8 text; give a JSONL file") from None
     conversations = []
-    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+    for number, line in enumerate(text.splitlines(), 1):
         if not line.strip():
             continue
         try:

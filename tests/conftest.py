@@ -99,6 +99,28 @@ def trained(training_store, tmp_path_factory):
     return head, record, out
 
 
+GENERATION = dict(model=TINY, source="sharegpt", tokens=1200, max_new_tokens=24, batch_size=16, shard_size=16,
+                  device="cpu")
+
+
+@pytest.fixture(scope="session")
+def regen(tmp_path_factory, prefect_api):
+    """The tiny model's own greedy replies to ShareGPT prompts, extracted (float32, so the store
+    holds exactly what decoding computes) and a warm-started head trained on them:
+    (store, corpus spec, head directory)."""
+    from flows.extract import extract
+    from flows.generate import generate
+    from flows.train import train_head
+
+    folder = tmp_path_factory.mktemp("regen")
+    corpus = generate(out=str(folder / "corpus"), **GENERATION)["corpus"]
+    store = str(folder / "store.zarr")
+    extract(**extract_options(store, corpus, tokens=100_000, storage_dtype="float32", tokens_per_chunk=256))
+    head = str(folder / "head")
+    train_head(model=TINY, store=store, layers=LAYERS, out=head, preset_name="smoke", epochs=2, warm_start=True)
+    return store, corpus, head
+
+
 def saved_checkpoint(tiny, folder) -> str:
     """The tiny model saved as a plain Hugging Face checkpoint, as a user would register one."""
     tiny.model.save_pretrained(folder)

@@ -155,3 +155,58 @@ def test_a_batch_of_windows_shorter_than_the_unroll_trains(training_store):
     head = build_head(data, preset("smoke"))
     results = unroll(head, batch, target_to_draft(head.t2d), steps=3)
     assert [r.counted for r in results][1:] == [0, 0] and all(torch.isfinite(r.loss) for r in results)
+
+
+@pytest.mark.parametrize("family", ["llama-tied", "llama-untied", "gemma"])
+def test_warm_start_copies_the_draft_vocabularys_lm_head_rows_and_the_final_norm(family):
+    """Rows through d2t for tied and untied lm_heads; the final norm's effective scale, whether it
+    multiplies by `weight` (Llama) or `1 + weight` (Gemma)."""
+    from transformers import GemmaConfig, GemmaForCausalLM, LlamaConfig, LlamaForCausalLM
+
+    from tasks.draft_head import DraftConfig, DraftHead
+    from tasks.warm_start import final_norm, warm_start
+
+    shape = dict(vocab_size=300, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                 num_key_value_heads=2, head_dim=8)
+    torch.manual_seed(0)
+    target = (GemmaForCausalLM(GemmaConfig(**shape)) if family == "gemma"
+              else LlamaForCausalLM(LlamaConfig(**shape, tie_word_embeddings=family == "llama-tied")))
+    with torch.no_grad():
+        final_norm(target).weight.normal_()  # a norm that is not the identity
+        if family == "llama-untied":
+            target.lm_head.weight.normal_()
+    assert (target.lm_head.weight is target.model.embed_tokens.weight) == (family != "llama-untied")
+    head = DraftHead(DraftConfig.from_target(target.config, [1, 2], draft_vocab_size=40))
+    d2t, t2d = draft_vocabulary(torch.randint(0, 50, (300,), generator=torch.Generator().manual_seed(1)), 40)
+    head.d2t.copy_(d2t)
+    head.t2d.copy_(t2d)
+    assert warm_start(head, target) == ["lm_head", "norm"]
+    target_ids = torch.arange(40) + d2t
+    assert torch.equal(head.lm_head.weight, target.lm_head.weight[target_ids])
+    x = torch.randn(3, 32)
+    with torch.no_grad():
+        torch.testing.assert_close(head.logits(x), target.lm_head(final_norm(target)(x))[:, target_ids])
+
+
+def test_frozen_lm_head_stays_the_targets_and_needs_warm_start(training_store, tmp_path):
+    config = replace(preset("smoke"), epochs=1, warm_start=True, freeze_lm_head=True)
+    head, record = train(training_store, TINY, LAYERS, tmp_path / "frozen", config)
+    data = StoreBatches(training_store, TINY, LAYERS, seq_len=64, batch_size=8, seed=0)
+    fresh = build_head(data, config)
+    assert torch.equal(head.lm_head.weight, fresh.lm_head.weight) and torch.equal(head.norm.weight, fresh.norm.weight)
+    assert not torch.equal(head.fc.weight, fresh.fc.weight)
+    assert record["trainable_parameters"] == fresh.trainable_parameters() < all_parameters(fresh)
+    with pytest.raises(LayerwaveError, match="--freeze-lm-head keeps the lm_head as it starts; it needs --warm-start"):
+        preset("smoke", freeze_lm_head=True)
+
+
+def all_parameters(head) -> int:
+    return sum(p.numel() for p in head.parameters())
+
+
+def test_windows_without_a_loss_masked_token_are_not_trained_on(training_store):
+    data = StoreBatches(training_store, TINY, LAYERS, seq_len=16, batch_size=4, seed=0)
+    mask = data.loss_mask
+    windows = [w for shard in range(data.layout.n_shards) for w in data.windows(shard, heldout=False)]
+    assert windows and all(mask[a: b - 1].any() for a, b in windows)
+    assert any(not mask[a: a + 15].any() for a in range(0, len(mask) - 16, 16))  # such windows exist to skip

@@ -1,0 +1,94 @@
+"""`layerwave generate`: the target's own replies, sharded, exact tokens, resumable after SIGKILL."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+from pathlib import Path
+
+from flows.cli import main
+from flows.generate import generate
+from store.read import open_activations
+from tasks.corpus import load_corpus
+from tasks.load_model import load
+from tasks.regen_corpus import committed_shards, read_generated
+from tasks.spec_decode import plain_generate
+from tests.conftest import GENERATION, TINY, saved_checkpoint
+from tests.processes import cli_argv, error_line, run, start, wait_until
+
+SMALL = dict(GENERATION, tokens=300, max_new_tokens=12, batch_size=4, shard_size=4)
+
+
+def test_replies_are_the_targets_own_greedy_tokens(regen, tiny):
+    store, corpus, _ = regen
+    conversations, records, manifest = read_generated(Path(corpus[6:]))
+    assert manifest["complete"] and manifest["tokens"] >= GENERATION["tokens"]
+    assert manifest["model"]["key"] == TINY and manifest["source"]["spec"] == "sharegpt"
+    assert len(set(records)) == len(records) == len(conversations)
+    source = load_corpus("sharegpt")
+    first = conversations[0]
+    asked = next(m for m in source[records[0]] if m["role"] == "user")
+    assert first[0] == asked  # the source's own first user turn
+    reply_start = first.loss_mask.index(1)
+    prompt, reply = first.token_ids[:reply_start], first.token_ids[reply_start:]
+    assert plain_generate(tiny.model, prompt, GENERATION["max_new_tokens"], tiny.tokenizer.eos_token_id).tokens[
+        : len(reply)] == reply  # unbatched greedy decoding writes the same reply
+    ds = open_activations(store, TINY)
+    assert ds.attrs["corpus"]["spec"] == corpus
+    stored = ds.token_id.values[ds.doc.values == 0].tolist()
+    assert stored == conversations[int(ds.source_record.values[0])].token_ids[: len(stored)]  # tokens kept as written
+
+
+def test_generation_killed_resumes_to_an_identical_corpus(tmp_path, prefect_api):
+    clean = tmp_path / "clean"
+    generate(out=str(clean), **SMALL)
+    killed = tmp_path / "killed"
+    process = start(cli_argv("generate", {**SMALL, "out": killed}), prefect_api)
+    wait_until(lambda: len(committed_shards(killed)) >= 2, process)
+    os.killpg(process.pid, signal.SIGKILL)
+    process.wait()
+    landed = len(committed_shards(killed))
+    summary = generate(out=str(killed), **SMALL)
+    assert landed < summary["shards"], "the run finished before the kill"
+    assert 0 < summary["generated_now"] < summary["tokens"]
+    assert sorted(os.listdir(clean)) == sorted(os.listdir(killed))  # no temporary file left behind
+    for name in os.listdir(clean):
+        assert (clean / name).read_bytes() == (killed / name).read_bytes(), name
+    again = generate(out=str(killed), **SMALL)
+    assert again["generated_now"] == 0
+
+
+def test_bad_generation_requests_are_one_line(tmp_path, tiny, prefect_api, capsys):
+    def refused(argv, expected):
+        capsys.readouterr()
+        assert main(["generate", "--model", TINY, *argv]) == 2
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and expected in err, err
+    out = ["--out", str(tmp_path / "g")]
+    refused([*out, "--max-new-tokens", "0"], "--max-new-tokens must be at least 1 (got 0)")
+    refused([*out, "--tokens", "0"], "--tokens must be at least 1")
+    refused([*out, "--temperature", "-1"], "--temperature must be >= 0")
+    binary = tmp_path / "corpus.jsonl"
+    binary.write_bytes(bytes(range(256)) * 4)
+    refused([*out, "--source", f"jsonl:{binary}"], f"corpus file {binary} is not UTF-8 text")
+    refused(["--out", str(binary)], "is a file")
+    assert not (tmp_path / "g").exists()
+
+    plain = saved_checkpoint(tiny, tmp_path / "plain")
+    config = json.loads((tmp_path / "plain" / "tokenizer_config.json").read_text())
+    config.pop("chat_template", None)
+    (tmp_path / "plain" / "tokenizer_config.json").write_text(json.dumps(config))
+    for template in (tmp_path / "plain").glob("chat_template.*"):
+        template.unlink()
+    result = run(cli_argv("generate", {**SMALL, "model": f"hf:{plain}", "out": tmp_path / "p"}), prefect_api)
+    assert result.returncode == 2
+    assert "has no chat template" in error_line(result.stderr)
+
+    extracted_by_another = run(cli_argv("extract", {"model": f"hf:{plain}", "corpus": regen_spec(tmp_path, SMALL),
+                                                    "store": tmp_path / "s.zarr", "tokens": 100}), prefect_api)
+    assert "holds tiny-random-llama's own replies" in error_line(extracted_by_another.stderr)
+
+
+def regen_spec(tmp_path, options) -> str:
+    return generate(out=str(tmp_path / "small"), **options)["corpus"]

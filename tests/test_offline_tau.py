@@ -1,0 +1,92 @@
+"""τ_offline: chain rounds simulated along stored greedy replies equal real greedy decoding."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from flows.cli import main
+from tasks.export_head import load_exported
+from tasks.offline_tau import Reply, draft_matches, replies_in, simulate_rounds, whole_first_reply
+from tasks.spec_decode import HeadDrafter, speculative_generate
+from tasks.train_data import StoreBatches
+from tests.conftest import GENERATION, LAYERS, TINY
+
+DEPTH = 4
+
+
+def test_simulated_rounds_equal_real_decoding_round_by_round(regen, tiny):
+    """Every held-out first reply: the simulation's tokens per round are real decoding's, exactly
+    (a simulation that advanced by the accepted count alone, or misaligned drafts, fails here)."""
+    store, _, head_dir = regen
+    head = load_exported(Path(head_dir))
+    data = StoreBatches(store, TINY, LAYERS, seq_len=1, batch_size=1, seed=0, holdout=0.05)
+    eos, budget = tiny.tokenizer.eos_token_id, GENERATION["max_new_tokens"]
+    compared, multi_token_rounds = 0, 0
+    for aux, token_id, positions, loss_mask in data.heldout_documents():
+        for reply in whole_first_reply(token_id, loss_mask, eos, budget):
+            matches = draft_matches(head, torch.from_numpy(aux), torch.from_numpy(token_id).long(),
+                                    torch.from_numpy(positions).long(), DEPTH)
+            simulated = simulate_rounds(matches, reply)
+            real = speculative_generate(tiny.model, LAYERS, HeadDrafter(head), token_id[: reply.start].tolist(),
+                                        budget, DEPTH, eos)
+            assert real.tokens == token_id[reply.start: reply.stop].tolist()
+            assert [a + 1 for a in real.accepted] == simulated
+            compared += 1
+            multi_token_rounds += sum(g > 1 for g in simulated)
+    assert compared >= 3 and multi_token_rounds > 0
+
+
+def test_offline_and_heldout_evaluations_agree_through_the_cli(regen, tmp_path):
+    store, _, head = regen
+    common = ["--model", TINY, "--head", head, "--store", store, "--max-new-tokens", str(GENERATION["max_new_tokens"]),
+              "--depth", str(DEPTH)]
+    offline, real = tmp_path / "offline.json", tmp_path / "real.json"
+    assert main(["evaluate", "--offline", "--first-turn-only", *common, "--json", str(offline)]) == 0
+    assert main(["evaluate", "--bench", "heldout", "--limit", "1000", *common, "--json", str(real)]) == 0
+    offline, real = json.loads(offline.read_text()), json.loads(real.read_text())
+    assert real["lossless"] is True and offline["replies"] == real["prompts"] >= 3
+    assert offline["tau"] == pytest.approx(real["tau"], abs=1e-12)
+    assert offline["per_position"] == pytest.approx(real["per_position"], abs=1e-12)
+    assert offline["tau_ci95"][0] <= offline["tau"] <= offline["tau_ci95"][1]
+
+
+def test_training_records_tau_offline_at_each_evaluation(regen):
+    record = json.loads((Path(regen[2]) / "training.json").read_text())
+    for point in [record["untrained"], *record["history"]]:
+        assert point["tau_offline"]["rounds"] > 0 and 1.0 <= point["tau_offline"]["tau"] <= DEPTH + 1
+    assert record["final"]["tau_offline"]["tau"] > record["untrained"]["tau_offline"]["tau"]
+
+
+def test_rounds_stop_at_the_reply_end_and_count_the_bonus():
+    matches = np.ones((3, 20), dtype=bool)
+    assert simulate_rounds(matches, Reply(2, 12)) == [4, 4, 1]  # 9 tokens after the first, all accepted
+    matches[0, 5] = False  # the round whose newest pair is at 5 (last token 6) accepts nothing
+    assert simulate_rounds(matches, Reply(2, 12)) == [4, 1, 4]
+    token_id = np.array([7, 7, 5, 5, 2, 9, 8, 5, 5, 5])
+    mask = np.array([0, 0, 1, 1, 1, 1, 0, 1, 1, 1], dtype=bool)
+    assert replies_in(token_id, mask, eos=2, max_new_tokens=None) == [Reply(2, 5), Reply(7, 10)]
+    assert replies_in(token_id, mask, eos=2, max_new_tokens=2) == [Reply(2, 4), Reply(7, 9)]
+    assert replies_in(token_id, mask, eos=2, max_new_tokens=5, whole_only=True) == [Reply(2, 5)]  # 2nd is cut
+
+
+def test_offline_bad_input_is_one_line(regen, trained, tmp_path, capsys):
+    store, _, head = regen
+    from tasks.export_head import export
+
+    other = export(trained[0], tmp_path / "other", "vllm", verifier=TINY)
+    (other / "training.json").write_text(json.dumps({"model": "smollm2-135m", "config": {"seed": 0, "holdout": 0.05}}))
+
+    def refused(argv, expected):
+        capsys.readouterr()
+        assert main(["evaluate", "--model", TINY, *argv]) == 2
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and expected in err, err
+    refused(["--offline", "--head", head], "--offline simulates decoding along a store's held-out replies; pass --store")
+    refused(["--offline", "--head", str(other), "--store", store], "was trained on smollm2-135m's activations")
+    refused(["--offline", "--head", head, "--store", store, "--depth", "0"], "--depth must be at least 1")
+    refused(["--bench", "heldout", "--head", head], "--bench heldout replays a store's held-out documents")
