@@ -46,7 +46,8 @@ RECIPES = {  # name: (corpus, train_head recipe)
     "regen/warm-frozen": ("regen", {"warm_start": True, "freeze_lm_head": True}),
     "regen/warm-lr0.1": ("regen", {"warm_start": True, "lm_head_lr_scale": 0.1}),
 }
-REAL = ("sharegpt/random", "sharegpt/warm", "regen/random", "regen/warm")  # rows decoded for real
+REAL = ("regen/warm", "sharegpt/random", "regen/random", "sharegpt/warm")  # rows decoded for real, in this order
+VALIDATED = ("regen/warm", "regen/random", "regen/warm-frozen")  # real vs offline on the same held-out replies
 
 
 class Results:
@@ -92,7 +93,7 @@ def main() -> None:
     parser.add_argument("--prompts", type=int, default=40)
     parser.add_argument("--scale-prompts", type=int, default=10)
     parser.add_argument("--max-new-tokens", type=int, default=128)
-    parser.add_argument("--validate-prompts", type=int, default=12)
+    parser.add_argument("--validate-prompts", type=int, default=8)
     parser.add_argument("--out", default="benchmarks/out/head_strength.json")
     args = parser.parse_args()
     work, results = Path(args.work), Results(Path(args.out))
@@ -112,7 +113,7 @@ def main() -> None:
     for name in REAL:
         results.step(f"table/{name}/mt-bench", lambda name=name: _real(heads[name], "mt-bench", args.prompts,
                                                                         args.max_new_tokens, regen_store))
-    for name in (n for n in RECIPES if n.startswith("regen/")):
+    for name in VALIDATED:
         results.step(f"validate/{name}", lambda name=name: _validate(heads[name], regen_store, args.validate_prompts))
     for tokens in (int(t) for t in args.scale_tokens.split(",")):
         store = store_for(work, "regen", tokens, args.regen)

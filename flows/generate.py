@@ -53,7 +53,7 @@ def generate(model: str = "smollm2-135m", source: str = "sharegpt", out: str = "
         meter = _Meter(logger, spent, tokens)
         while spent < tokens and shard * shard_size < n_conversations:
             meter.shard = shard
-            result = generate_shard_task(request, shard, spent, progress=meter.add)
+            result = generate_shard_task(request, shard, progress=meter.add)
             spent, shard = spent + result["tokens"], shard + 1
             update_progress_artifact(artifact, progress=min(100.0, 100.0 * spent / tokens))
         if spent < tokens:

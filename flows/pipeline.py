@@ -124,7 +124,8 @@ def pipeline(model: str = "smollm2-135m", preset: str = "quick", store: str | No
     else:
         if corpus == corpus_for(store, key, p, None) and p.generate_tokens:
             generate(model=model, source=SOURCE, out=corpus.removeprefix("regen:"), tokens=p.generate_tokens,
-                     max_new_tokens=p.generate_max_new_tokens)
+                     max_new_tokens=p.generate_max_new_tokens, turns=p.generate_turns,
+                     max_prompt_tokens=p.generate_max_prompt_tokens)
         extract(model=model, corpus=corpus, tokens=p.tokens, max_length=p.max_length, store=store)
     analyze(model=model, store=store, entropy_quantile=p.entropy_quantile, drop_first_token=True,
             memory_gb=p.memory_gb)

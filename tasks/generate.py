@@ -7,9 +7,10 @@ half shard), plus `manifest.json` with the provenance; `--corpus regen:DIR` read
 
 Shard s holds the source conversations at positions [s·size, (s+1)·size) of a seeded order.
 Within a shard, round r answers every conversation's r-th user turn (batched, left-padded, KV
-cache), feeding the earlier generated replies back as the conversation so far; later turns are
-answered only while the reply-token budget is not yet spent. A shard's content depends only on
-the shard and the settings, so a re-run regenerates an uncommitted shard exactly.
+cache), feeding the earlier generated replies back as the conversation so far. Shards are added
+until the reply-token budget is spent. A shard's content depends only on the shard and the
+settings (not on the budget), so a re-run regenerates an uncommitted shard exactly, and a re-run
+with a larger budget extends a finished corpus.
 """
 
 from __future__ import annotations
@@ -33,7 +34,6 @@ from tasks.render import render
 from tasks.regen_corpus import FORMAT, MANIFEST, read_manifest, shard_path
 
 
-
 @dataclass(frozen=True)
 class GenerateRequest:
     """Everything a user chooses about a generation (the flow's parameters)."""
@@ -53,8 +53,8 @@ class GenerateRequest:
     overwrite: bool = False
 
     def settings(self) -> dict:
-        """What fixes the output (device and overwrite do not)."""
-        return {k: v for k, v in asdict(self).items() if k not in ("out", "device", "overwrite", "model")}
+        """What fixes each shard's content (the budget only says how many shards there are)."""
+        return {k: v for k, v in asdict(self).items() if k not in ("out", "device", "overwrite", "model", "tokens")}
 
 
 def check_request(request: GenerateRequest) -> None:
@@ -102,7 +102,8 @@ def prepare(request: GenerateRequest, provenance: dict) -> dict:
     out = Path(request.out)
     manifest = read_manifest(out)
     if manifest is not None and manifest.get("identity") == identity(request):
-        return manifest
+        return manifest if manifest["complete"] and manifest["tokens"] >= request.tokens else \
+            {**manifest, "complete": False}  # a larger budget extends the corpus
     out.mkdir(parents=True, exist_ok=True)
     for old in out.glob("shard-*.jsonl*"):
         old.unlink()
@@ -162,9 +163,9 @@ def generate_batch(model, prompts: list[list[int]], max_new_tokens: int, eos: in
 
 
 def generate_shard(loaded, conversations: list[Conversation], records: list[int], request: GenerateRequest,
-                   shard: int, spent: int, progress=lambda tokens: None) -> list[dict]:
+                   shard: int, progress=lambda tokens: None) -> list[dict]:
     """Answer the user turns of `records` (corpus indices) with the target; one dict per
-    conversation that got at least one reply. `spent` reply tokens were generated before this shard."""
+    conversation that got at least one reply."""
     tokenizer = loaded.tokenizer
     eos = tokenizer.eos_token_id
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos
@@ -172,8 +173,6 @@ def generate_shard(loaded, conversations: list[Conversation], records: list[int]
     states = {record: {"pending": list(conversations[record]), "messages": [], "replies": []}
               for record in records}
     for turn in range(request.turns):
-        if turn > 0 and spent >= request.tokens:
-            break
         asked = []
         for record, state in states.items():
             prompt = _next_prompt(tokenizer, state, request.max_prompt_tokens)
@@ -186,7 +185,6 @@ def generate_shard(loaded, conversations: list[Conversation], records: list[int]
                                      request.temperature)
             for (_, record, _), reply in zip(batch, replies):
                 _record_reply(tokenizer, states[record], reply, eos, turn)
-                spent += len(reply)
             progress(sum(len(r) for r in replies))
     return [{"source_record": int(record), "messages": state["messages"], "replies": state["replies"],
              "token_ids": state["token_ids"], "loss_mask": state["loss_mask"]}
@@ -248,11 +246,11 @@ def write_shard(out: Path, shard: int, rows: list[dict]) -> Path:
 
 
 @task(name="generate-shard", cache_policy=NO_CACHE)
-def generate_shard_task(request: GenerateRequest, shard: int, spent: int, progress=lambda tokens: None) -> dict:
+def generate_shard_task(request: GenerateRequest, shard: int, progress=lambda tokens: None) -> dict:
     """Generate shard `shard` and commit it; returns its reply-token count (arrays stay on disk)."""
     loaded = load_model.load(request.model, request.device, "auto")
     conversations = load_corpus(request.source)
     order = source_order(len(conversations), request.seed)
     records = [int(r) for r in order[shard * request.shard_size: (shard + 1) * request.shard_size]]
-    rows = generate_shard(loaded, conversations, records, request, shard, spent, progress)
+    rows = generate_shard(loaded, conversations, records, request, shard, progress)
     return {"shard": shard, **shard_stats(write_shard(Path(request.out), shard, rows))}

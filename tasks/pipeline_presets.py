@@ -39,6 +39,8 @@ class PipelinePreset:
     # store is extracted from them: heads must predict the target's text. None: ShareGPT as is.
     generate_tokens: int | None = None  # reply-token budget of the generation
     generate_max_new_tokens: int = 256
+    generate_turns: int = 1  # on a CPU, later turns re-read the whole conversation (prefill) for each reply
+    generate_max_prompt_tokens: int = 512
     warm_start: bool = False  # heads start from the target's lm_head and final norm
 
 
@@ -58,7 +60,8 @@ PIPELINE_PRESETS = {
     "full": PipelinePreset(
         store="layerwave-full.zarr", tokens=2_000_000, max_length=2048, entropy_quantile=0.5, n_random=3,
         candidates=16, train_preset="full", epochs=None, seeds=(0, 1, 2), benches=("mt-bench", "sharegpt"),
-        prompts=80, max_new_tokens=256, depth=6, memory_gb=32.0, generate_tokens=1_600_000, warm_start=True),
+        prompts=80, max_new_tokens=256, depth=6, memory_gb=32.0, generate_tokens=1_600_000, warm_start=True,
+        generate_turns=3, generate_max_prompt_tokens=1024),
 }
 
 
