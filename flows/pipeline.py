@@ -64,9 +64,9 @@ def extraction_current(store: str, model_key: str, model: str, p: PipelinePreset
     if group is None:
         return False
     attrs = group.attrs
-    corpus = attrs.get("corpus", {})
+    stored = attrs.get("corpus", {})
     return bool(attrs.get("complete")) and attrs.get("model", {}).get("argument") == model and (
-        corpus.get("spec"), corpus.get("tokens_requested"), corpus.get("max_length"), corpus.get("seed")) == (
+        stored.get("spec"), stored.get("tokens_requested"), stored.get("max_length"), stored.get("seed")) == (
         corpus, p.tokens, p.max_length, 0)
 
 
