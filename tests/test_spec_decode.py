@@ -50,7 +50,7 @@ def test_eos_and_token_budget_edges(tiny, trained):
     for depth in (1, 3, 8):
         spec = speculative_generate(tiny.model, LAYERS, HeadDrafter(head), prompt, 30, depth, eos)
         assert spec.tokens == reference[: stop_at + 1] == plain_generate(tiny.model, prompt, 30, eos).tokens
-        assert spec.tau == (len(spec.tokens) - 1) / spec.forwards  # nothing past EOS counts
+        assert spec.tau == (len(spec.tokens) - 1) / max(spec.forwards, 1)  # nothing past EOS counts
         for budget in (1, 2, 5):
             short = speculative_generate(tiny.model, LAYERS, HeadDrafter(head), prompt, budget, depth, None)
             assert short.tokens == reference[:budget]
