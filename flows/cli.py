@@ -356,7 +356,7 @@ def _pipeline_parser(sub) -> None:
     p.add_argument("--corpus", help="extract this corpus instead of the target's own replies to ShareGPT prompts "
                                     "(e.g. sharegpt, as the published SmolLM2 study did)")
     p.add_argument("--warm-start", action=argparse.BooleanOptionalAction, default=None,
-                   help="heads start from the target's lm_head and final norm (default: the preset's, on)")
+                   help="heads start from the target's lm_head and final norm (default: the preset's, off)")
     p.add_argument("--json", help="write the run summary to this file")
     s = sub.add_parser("sweep", help="run the pipeline for every registered model without a complete result")
     s.add_argument("--preset", default="quick")

@@ -41,26 +41,26 @@ class PipelinePreset:
     generate_max_new_tokens: int = 256
     generate_turns: int = 1  # on a CPU, later turns re-read the whole conversation (prefill) for each reply
     generate_max_prompt_tokens: int = 512
-    warm_start: bool = False  # heads start from the target's lm_head and final norm
+    warm_start: bool = False  # start heads from the target's lm_head and norm; off: it did not help (README)
 
 
 PIPELINE_PRESETS = {
     "smoke": PipelinePreset(
         store="layerwave-smoke.zarr", tokens=3000, max_length=256, entropy_quantile=0.5, n_random=1, candidates=3,
         train_preset="smoke", epochs=2, seeds=(0,), benches=("mt-bench",), prompts=2, max_new_tokens=12, depth=3,
-        memory_gb=1.0, generate_tokens=1000, generate_max_new_tokens=24, warm_start=True),
+        memory_gb=1.0, generate_tokens=1000, generate_max_new_tokens=24),
     "quick": PipelinePreset(
         store="layerwave.zarr", tokens=20000, max_length=2048, entropy_quantile=0.5, n_random=1, candidates=4,
         train_preset="quick", epochs=None, seeds=(0,), benches=("mt-bench",), prompts=5, max_new_tokens=64, depth=4,
-        generate_tokens=16000, warm_start=True),
+        generate_tokens=16000),
     "study": PipelinePreset(
         store="layerwave-study.zarr", tokens=100000, max_length=2048, entropy_quantile=0.5, n_random=2, candidates=16,
         train_preset="quick", epochs=2, seeds=(0, 1, 2), benches=("mt-bench", "sharegpt"), prompts=8,
-        max_new_tokens=64, depth=4, publish="results", generate_tokens=80000, warm_start=True),
+        max_new_tokens=64, depth=4, publish="results", generate_tokens=80000),
     "full": PipelinePreset(
         store="layerwave-full.zarr", tokens=2_000_000, max_length=2048, entropy_quantile=0.5, n_random=3,
         candidates=16, train_preset="full", epochs=None, seeds=(0, 1, 2), benches=("mt-bench", "sharegpt"),
-        prompts=80, max_new_tokens=256, depth=6, memory_gb=32.0, generate_tokens=1_600_000, warm_start=True,
+        prompts=80, max_new_tokens=256, depth=6, memory_gb=32.0, generate_tokens=1_600_000,
         generate_turns=3, generate_max_prompt_tokens=1024),
 }
 
