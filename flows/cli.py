@@ -276,7 +276,8 @@ def _generate_parser(sub) -> None:
     p.add_argument("--tokens", type=int, default=20000, help="reply-token budget (generation stops past it)")
     p.add_argument("--max-new-tokens", type=int, default=256, help="longest reply")
     p.add_argument("--max-prompt-tokens", type=int, default=1024, help="skip longer prompts (conversation so far)")
-    p.add_argument("--turns", type=int, default=3, help="user turns answered per conversation, budget permitting")
+    p.add_argument("--turns", type=int, default=3, help="user turns answered per conversation (later ones see "
+                   "the earlier generated replies)")
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy; > 0 samples")
     p.add_argument("--seed", type=int, default=0, help="order of the source conversations, and sampling")
     p.add_argument("--batch-size", type=int, default=32, help="prompts generated together")
