@@ -1,24 +1,25 @@
 """What makes a draft head strong: an ablation table and a data-scaling curve on SmolLM2-135M.
 
-    python benchmarks/head_strength.py --regen DIR [--work DIR] [--table-tokens 37500]
-        [--scale-tokens 9375,37500,150000] [--scale-epochs 1,2] [--prompts 40] [--max-new-tokens 128]
+    python benchmarks/head_strength.py --regen DIR [--work DIR] [--table-tokens 37500] [--epochs 2]
+        [--long-epochs 8] [--scale-tokens 2343,9375,37500] [--prompts 40] [--max-new-tokens 128]
         [--out benchmarks/out/head_strength.json]
 
 Table: the EAGLE-3 default layers [2, 15, 27], the `quick` training preset, the same number of
 stored tokens and epochs for every row. Rows: {ShareGPT replies, the target's own regenerated
-replies (`--regen`, from `layerwave generate`)} × {random lm_head, warm-started}, plus
-a warm-started variant with the lm_head frozen. Columns:
-held-out accuracy per TTT step, τ_offline on the same held-out regenerated replies for every row,
-and, for the old and the new recipe, real greedy chain decoding on MT-Bench (τ, speed-up against
-the target alone in the same run).
+replies (`--regen`, from `layerwave generate`)} × {random lm_head, warm-started (lm_head at a
+tenth of the learning rate)}, the warm start frozen, and the regenerated random-init row again at
+`--long-epochs`. Columns: held-out accuracy per TTT step (on the row's own corpus) and τ_offline
+on the same held-out regenerated replies for every row.
 
-Validation: real decoding of the held-out regenerated prompts (`--bench heldout`) beside
-τ_offline of the same replies, for the regenerated rows.
+Validation: real decoding of held-out regenerated prompts (`--bench heldout`) beside τ_offline of
+exactly those replies, for three heads.
 
-Scaling: the regenerated, warm-started recipe at each `--scale-tokens` store size and each
-`--scale-epochs`: τ_offline (each on its own store's held-out replies, with its bootstrap 95%
-interval) against stored tokens (PNG + JSON). Real decoding is left to the table and the
-validation: on this CPU one real MT-Bench evaluation of 40 prompts takes about 11 minutes.
+Scaling: the regenerated random-init recipe at each `--scale-tokens` store size (each 4× the
+last) and both training budgets: τ_offline on each store's own held-out replies, with its
+bootstrap 95% interval (PNG + JSON).
+
+Real MT-Bench decoding (τ, speed-up against the target alone in the same run) for the new recipe
+at `--long-epochs` and the old one (ShareGPT replies, `--epochs`): about 11 minutes each here.
 
 Every step's result is saved as it finishes and skipped on a re-run, so a killed run resumes.
 """
@@ -41,15 +42,15 @@ from flows.extract import extract  # noqa: E402
 from flows.train import train_head  # noqa: E402
 
 MODEL, LAYERS, PRESET = "smollm2-135m", [2, 15, 27], "quick"
-RECIPES = {  # name: (corpus, train_head recipe)
-    "sharegpt/random": ("sharegpt", {"warm_start": False}),
-    "sharegpt/warm": ("sharegpt", {"warm_start": True}),
-    "regen/random": ("regen", {"warm_start": False}),
-    "regen/warm": ("regen", {"warm_start": True}),
+RECIPES = {  # name: (corpus, train_head options); the `quick` preset (batch 1, lr 1e-3, TTT 3) otherwise
+    "sharegpt/random": ("sharegpt", {}),
+    "sharegpt/warm-lr0.1": ("sharegpt", {"warm_start": True, "lm_head_lr_scale": 0.1}),
+    "regen/random": ("regen", {}),
+    "regen/warm-lr0.1": ("regen", {"warm_start": True, "lm_head_lr_scale": 0.1}),
     "regen/warm-frozen": ("regen", {"warm_start": True, "freeze_lm_head": True}),
 }
-REAL = ("regen/warm", "sharegpt/random")  # rows decoded for real: the new recipe and the old one
-VALIDATED = ("regen/warm", "regen/random", "regen/warm-frozen")  # real vs offline on the same held-out replies
+REAL = (("regen/random", 8), ("sharegpt/random", 2))  # (row, epochs) decoded for real: new recipe, old corpus
+VALIDATED = (("regen/random", 2), ("regen/random", 8), ("regen/warm-frozen", 2))  # real vs offline, same replies
 
 
 class Results:
@@ -90,11 +91,11 @@ def main() -> None:
     parser.add_argument("--work", default="benchmarks/work", help="stores and heads (large; git-ignored)")
     parser.add_argument("--table-tokens", type=int, default=37500)
     parser.add_argument("--epochs", type=int, default=2)
-    parser.add_argument("--scale-tokens", default="9375,37500,150000")
-    parser.add_argument("--scale-epochs", default="1,2")
+    parser.add_argument("--long-epochs", type=int, default=8, help="the second training budget")
+    parser.add_argument("--scale-tokens", default="2343,9375,37500")
     parser.add_argument("--prompts", type=int, default=40)
     parser.add_argument("--max-new-tokens", type=int, default=128)
-    parser.add_argument("--validate-prompts", type=int, default=6)
+    parser.add_argument("--validate-prompts", type=int, default=4)
     parser.add_argument("--out", default="benchmarks/out/head_strength.json")
     args = parser.parse_args()
     work, results = Path(args.work), Results(Path(args.out))
@@ -107,23 +108,25 @@ def main() -> None:
 
     heads = {}
     for name, (corpus, recipe) in RECIPES.items():
-        def train_row(name=name, corpus=corpus, recipe=recipe):
-            head, summary = trained(work, stores[corpus], name, recipe, args.epochs)
-            return {"head": head, **summary, "tau_offline": offline(head)}
-        heads[name] = results.step(f"table/{name}/train", train_row)["head"]
-    for name in REAL:
-        results.step(f"table/{name}/mt-bench", lambda name=name: _real(heads[name], "mt-bench", args.prompts,
-                                                                        args.max_new_tokens, regen_store))
-    for name in VALIDATED:
-        results.step(f"validate/{name}", lambda name=name: _validate(heads[name], regen_store, args.validate_prompts))
+        for epochs in (args.epochs, args.long_epochs) if name == "regen/random" else (args.epochs,):
+            def train_row(name=name, corpus=corpus, recipe=recipe, epochs=epochs):
+                head, summary = trained(work, stores[corpus], name, recipe, epochs)
+                return {"head": head, "epochs": epochs, **summary, "tau_offline": offline(head)}
+            heads[name, epochs] = results.step(f"table/{name}/e{epochs}", train_row)["head"]
+    for name, epochs in VALIDATED:
+        results.step(f"validate/{name}/e{epochs}",
+                     lambda key=(name, epochs): _validate(heads[key], regen_store, args.validate_prompts))
     for tokens in (int(t) for t in args.scale_tokens.split(",")):
         store = store_for(work, "regen", tokens, args.regen)
-        for epochs in (int(e) for e in args.scale_epochs.split(",")):
+        for epochs in (args.epochs, args.long_epochs):
             def scale_point(store=store, epochs=epochs, tokens=tokens):
-                head, summary = trained(work, store, "regen/warm", RECIPES["regen/warm"][1], epochs)
+                head, summary = trained(work, store, "regen/random", RECIPES["regen/random"][1], epochs)
                 return {"head": head, "store_tokens": tokens, "epochs": epochs, **summary,
                         "tau_offline": evaluate_offline(model=MODEL, head=head, store=store, depth=4)}
             results.step(f"scale/{tokens}/e{epochs}", scale_point)
+    for name, epochs in REAL:
+        results.step(f"table/{name}/e{epochs}/mt-bench", lambda key=(name, epochs): _real(
+            heads[key], "mt-bench", args.prompts, args.max_new_tokens, regen_store))
     _plot(results.data, Path(args.out).with_suffix(".png"))
 
 
@@ -164,7 +167,7 @@ def _plot(data: dict, path: Path) -> None:
     ax.set_xscale("log")
     ax.set_xlabel("stored tokens of regenerated conversations (log scale)")
     ax.set_ylabel("τ_offline, held-out replies (tokens per round)")
-    ax.set_title("SmolLM2-135M, layers [2, 15, 27], warm-started head, chain depth 4", fontsize=10)
+    ax.set_title("SmolLM2-135M, layers [2, 15, 27], quick preset (batch 1), chain depth 4", fontsize=10)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()

@@ -211,7 +211,8 @@ def _evaluate_parser(sub) -> None:
     p.add_argument("--bench", default="mt-bench", help="mt-bench (first turns), sharegpt (held out), heldout (the "
                    "exact prompts of the head's held-out documents in --store) or jsonl:PATH")
     p.add_argument("--limit", type=int, default=10, help="number of prompts")
-    p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--max-new-tokens", type=int, help="tokens generated per prompt (default 128); with --offline, "
+                   "each reply is cut there (default: whole replies)")
     p.add_argument("--depth", type=int, default=4, help="draft tokens per verification (chain), levels (tree)")
     p.add_argument("--draft", default="chain", help="chain, or tree (EAGLE-2 dynamic tree)")
     p.add_argument("--tree-topk", type=int, help="tree: children expanded per node and per level (default: "
@@ -233,6 +234,9 @@ def _run_evaluate(args) -> dict:
     if args.offline:
         return _run_evaluate_offline(args)
     from flows.evaluate import check_request
+
+    if args.max_new_tokens is None:
+        args.max_new_tokens = 128
 
     tree = {name: value for name, value in (("tree_topk", args.tree_topk), ("tree_tokens", args.tree_tokens))
             if value is not None}  # unset: the flow's defaults (TreeShape's), without importing torch here
