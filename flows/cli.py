@@ -210,7 +210,8 @@ def _evaluate_parser(sub) -> None:
     p.add_argument("--head", required=True, help="directory written by `layerwave train`")
     p.add_argument("--bench", default="mt-bench", help="mt-bench (first turns), sharegpt (held out), heldout (the "
                    "exact prompts of the head's held-out documents in --store) or jsonl:PATH")
-    p.add_argument("--limit", type=int, default=10, help="number of prompts")
+    p.add_argument("--limit", type=int, help="number of prompts (default 10); with --offline, held-out documents "
+                   "(default: all)")
     p.add_argument("--max-new-tokens", type=int, help="tokens generated per prompt (default 128); with --offline, "
                    "each reply is cut there (default: whole replies)")
     p.add_argument("--depth", type=int, default=4, help="draft tokens per verification (chain), levels (tree)")
@@ -235,8 +236,8 @@ def _run_evaluate(args) -> dict:
         return _run_evaluate_offline(args)
     from flows.evaluate import check_request
 
-    if args.max_new_tokens is None:
-        args.max_new_tokens = 128
+    args.limit = 10 if args.limit is None else args.limit
+    args.max_new_tokens = 128 if args.max_new_tokens is None else args.max_new_tokens
 
     tree = {name: value for name, value in (("tree_topk", args.tree_topk), ("tree_tokens", args.tree_tokens))
             if value is not None}  # unset: the flow's defaults (TreeShape's), without importing torch here
@@ -262,7 +263,8 @@ def _run_evaluate_offline(args) -> dict:
     from flows.evaluate import evaluate_offline
 
     result = evaluate_offline(model=args.model, head=args.head, store=args.store, depth=args.depth,
-                              max_new_tokens=args.max_new_tokens, first_turn_only=args.first_turn_only)
+                              max_new_tokens=args.max_new_tokens, first_turn_only=args.first_turn_only,
+                              limit=args.limit)
     print(f"τ_offline {result['tau']:.3f} (95% CI {result['tau_ci95'][0]:.3f}–{result['tau_ci95'][1]:.3f}) over "
           f"{result['rounds']} rounds in {result['replies']} held-out replies, depth {result['depth']}; acceptance "
           "per position " + " ".join(f"{p:.2f}" for p in result["per_position"]))

@@ -150,14 +150,18 @@ def training_split(head_dir: str) -> tuple[int, float, str | None]:
 
 @flow(name="layerwave-evaluate-offline")
 def evaluate_offline(model: str = "smollm2-135m", head: str = "", store: str = "layerwave.zarr", depth: int = 4,
-                     max_new_tokens: int | None = None, first_turn_only: bool = False) -> dict:
+                     max_new_tokens: int | None = None, first_turn_only: bool = False,
+                     limit: int | None = None) -> dict:
     """τ_offline: chain decoding `depth` drafts per round simulated along the held-out replies of
-    `store` (the head's own held-out split), without running the target (tasks/offline_tau.py)."""
+    `store` (the head's own held-out split, its first `limit` documents that have a reply),
+    without running the target (tasks/offline_tau.py)."""
     logger = get_run_logger()
     if depth < 1:
         raise LayerwaveError(f"--depth must be at least 1 (got {depth})")
     if max_new_tokens is not None and max_new_tokens < 1:
         raise LayerwaveError(f"--max-new-tokens must be at least 1 (got {max_new_tokens})")
+    if limit is not None and limit < 1:
+        raise LayerwaveError(f"--limit must be at least 1 (got {limit})")
     key = store_key(model)
     ds = open_activations(store, key)
     seed, holdout, trained_on = training_split(head)
@@ -166,7 +170,7 @@ def evaluate_offline(model: str = "smollm2-135m", head: str = "", store: str = "
                              f"--model {trained_on} or a head trained for {key}")
     target, drafter = load_pair(model, head, "cpu")
     data = StoreBatches(store, key, drafter.config.layers, seq_len=1, batch_size=1, seed=seed, holdout=holdout)
-    result = offline_tau(drafter, data, depth, target.tokenizer.eos_token_id, max_new_tokens, first_turn_only)
+    result = offline_tau(drafter, data, depth, target.tokenizer.eos_token_id, max_new_tokens, first_turn_only, limit)
     corpus = ds.attrs.get("corpus", {}).get("spec", "")
     if not corpus.startswith("regen:"):
         logger.warning("store %s was extracted from %s, not from the target's own replies (regen:DIR): "

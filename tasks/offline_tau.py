@@ -117,12 +117,13 @@ def summarize_rounds(gains_per_reply: list[list[int]], depth: int, seed: int = 0
 
 
 def offline_tau(head: DraftHead, data: StoreBatches, depth: int, eos: int | None,
-                max_new_tokens: int | None = None, first_turn_only: bool = False) -> dict:
-    """τ_offline over the held-out documents of `data` (the head's own held-out split)."""
+                max_new_tokens: int | None = None, first_turn_only: bool = False, limit: int | None = None) -> dict:
+    """τ_offline over the held-out documents of `data` (the head's own held-out split), the first
+    `limit` of them that have a reply to simulate (all by default)."""
     if data.layers != head.config.layers:
         raise LayerwaveError(f"the head reads layers {head.config.layers}; the data was opened for {data.layers}")
     device = head.d2t.device
-    gains = []
+    gains, documents = [], 0
     for aux, token_id, positions, loss_mask in data.heldout_documents():
         if first_turn_only:
             replies = whole_first_reply(token_id, loss_mask, eos, max_new_tokens)
@@ -130,6 +131,9 @@ def offline_tau(head: DraftHead, data: StoreBatches, depth: int, eos: int | None
             replies = replies_in(token_id, loss_mask, eos, max_new_tokens)
         if not replies:
             continue
+        if limit is not None and documents >= limit:
+            break
+        documents += 1
         matches = draft_matches(head, torch.from_numpy(aux).to(device), torch.from_numpy(token_id).long().to(device),
                                 torch.from_numpy(positions).long().to(device), depth)
         gains += [simulate_rounds(matches, reply) for reply in replies]

@@ -46,10 +46,10 @@ def test_offline_and_heldout_evaluations_agree_through_the_cli(regen, tmp_path):
     common = ["--model", TINY, "--head", head, "--store", store, "--max-new-tokens", str(GENERATION["max_new_tokens"]),
               "--depth", str(DEPTH)]
     offline, real = tmp_path / "offline.json", tmp_path / "real.json"
-    assert main(["evaluate", "--offline", "--first-turn-only", *common, "--json", str(offline)]) == 0
-    assert main(["evaluate", "--bench", "heldout", "--limit", "1000", *common, "--json", str(real)]) == 0
+    assert main(["evaluate", "--offline", "--first-turn-only", "--limit", "3", *common, "--json", str(offline)]) == 0
+    assert main(["evaluate", "--bench", "heldout", "--limit", "3", *common, "--json", str(real)]) == 0
     offline, real = json.loads(offline.read_text()), json.loads(real.read_text())
-    assert real["lossless"] is True and offline["replies"] == real["prompts"] >= 3
+    assert real["lossless"] is True and offline["replies"] == real["prompts"] == 3
     assert offline["tau"] == pytest.approx(real["tau"], abs=1e-12)
     assert offline["per_position"] == pytest.approx(real["per_position"], abs=1e-12)
     assert offline["tau_ci95"][0] <= offline["tau"] <= offline["tau_ci95"][1]
