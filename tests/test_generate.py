@@ -72,6 +72,7 @@ def test_bad_generation_requests_are_one_line(tmp_path, tiny, prefect_api, capsy
     binary = tmp_path / "corpus.jsonl"
     binary.write_bytes(bytes(range(256)) * 4)
     refused([*out, "--source", f"jsonl:{binary}"], f"corpus file {binary} is not UTF-8 text")
+    refused([*out, "--source", f"jsonl:{tmp_path}"], f"corpus file {tmp_path} is a directory")
     refused(["--out", str(binary)], "is a file")
     assert not (tmp_path / "g").exists()
 
