@@ -187,8 +187,8 @@ def _run_train(args) -> dict:
     key = store_key(args.model)
     n_layers = open_activations(args.store, key).sizes["layer"]
     layers = _layer_list(args.layers) if args.layers is not None else eagle3_default(n_layers - 1) or []
-    recipe = {k: v for k, v in (("warm_start", args.warm_start), ("freeze_lm_head", args.freeze_lm_head),
-                                ("lm_head_lr_scale", args.lm_head_lr_scale)) if v is not None}
+    recipe = {"warm_start": args.warm_start, "freeze_lm_head": args.freeze_lm_head,
+              "lm_head_lr_scale": args.lm_head_lr_scale}  # None keeps the preset's (train_head.preset)
     check_request(args.store, key, layers, args.preset, args.format, args.ttt_steps, args.epochs, args.device,
                   **recipe)
     _configure_logging()
@@ -448,8 +448,8 @@ def main(argv: list[str] | None = None) -> int:
         command.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=debug_help)
     args = parser.parse_args(argv)
     debug = _NoTracebackForUserErrors.debug = vars(args).pop("debug")  # runners see only their own options
-    runners = {"generate": _run_generate, "extract": _run_extract, "analyze": _run_analyze, "select": _run_select, "train": _run_train,
-               "evaluate": _run_evaluate, "verify": _run_verify, "models": _run_models, "run": _run_pipeline,
+    runners = {"generate": _run_generate, "extract": _run_extract, "analyze": _run_analyze, "select": _run_select,
+               "train": _run_train, "evaluate": _run_evaluate, "verify": _run_verify, "models": _run_models, "run": _run_pipeline,
                "sweep": _run_sweep, "report": _run_report}
     try:
         summary = runners[args.command](args)

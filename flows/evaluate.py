@@ -16,10 +16,11 @@ from store.read import open_activations
 from tasks import load_model
 from tasks.export_head import load_exported
 from tasks.offline_tau import offline_tau
-from tasks.prompts import encode_prompts, first_turns, heldout_prompts, used_records
+from tasks.prompts import checked_prompts, encode_prompts, first_turns, heldout_prompts, used_records
 from tasks.registry import resolve, store_key
 from tasks.spec_decode import HeadDrafter, plain_generate, speculative_generate
 from tasks.train_data import StoreBatches
+from tasks.train_head import TrainConfig
 from tasks.tree_decode import TreeShape
 
 DRAFTS = ("chain", "tree")
@@ -69,9 +70,8 @@ def bench_prompts(bench: str, target, limit: int | None, max_new_tokens: int, st
         turns = first_turns(bench, limit, exclude=used_records(store, model_key))
         return encode_prompts(target.tokenizer, turns, max_positions, max_new_tokens)
     seed, holdout, _ = training_split(head_dir)
-    prompts = heldout_prompts(store, model_key, seed, holdout, limit, target.tokenizer.eos_token_id, max_new_tokens)
-    encode_prompts(target.tokenizer, [], max_positions, max_new_tokens, prompts)
-    return prompts
+    return checked_prompts(heldout_prompts(store, model_key, seed, holdout, limit, target.tokenizer.eos_token_id,
+                                           max_new_tokens), max_positions, max_new_tokens)
 
 
 @task(name="speculative-decoding", cache_policy=NO_CACHE)
@@ -143,7 +143,7 @@ def training_split(head_dir: str) -> tuple[int, float, str | None]:
     """(seed, held-out fraction, model key) the head was trained with, from its training.json."""
     path = Path(head_dir) / "training.json"
     if not path.is_file():
-        return 0, 0.05, None  # a head from elsewhere: the training defaults
+        return TrainConfig.seed, TrainConfig.holdout, None  # a head from elsewhere: the training defaults
     record = json.loads(path.read_text())
     return record["config"]["seed"], record["config"]["holdout"], record.get("model")
 

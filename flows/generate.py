@@ -17,7 +17,7 @@ from store.lock import WHOLE, writer_lock
 from tasks import load_model
 from tasks.corpus import load_corpus
 from tasks.generate import (GenerateRequest, check_chat_template, check_request, finish, generate_shard_task,
-                            prepare, shard_stats)
+                            prepare, shard_records, shard_stats)
 from tasks.regen_corpus import committed_shards
 from tasks.registry import resolve
 
@@ -37,28 +37,29 @@ def generate(model: str = "smollm2-135m", source: str = "sharegpt", out: str = "
     with writer_lock(out, key, WHOLE, activity="generation"):
         loaded = load_model.load(model, device, "auto")
         check_chat_template(loaded.tokenizer, model)
-        manifest = prepare(request, loaded.provenance)
+        conversations = load_corpus(source)
+        manifest = prepare(request, loaded.provenance, conversations)
         if manifest["complete"]:
             logger.info("corpus %s is complete: %d reply tokens in %d shards", out, manifest["tokens"],
                         manifest["shards"])
             return _summary(out, manifest, 0, 0.0)
-        n_conversations = len(load_corpus(source))
-        done = committed_shards(Path(out))
-        spent = sum(shard_stats(path)["tokens"] for path in done)
-        shard = len(done)
+        stats = [shard_stats(path) for path in committed_shards(Path(out))]
+        spent, shard = sum(s["tokens"] for s in stats), len(stats)
         logger.info("%s answers %s into %s: %d of at least %d reply tokens already generated (%d shards)",
                     key, source, out, spent, tokens, shard)
         artifact = create_progress_artifact(progress=min(100.0, 100.0 * spent / tokens),
                                             description=f"layerwave generate {key} → {out}")
         meter = _Meter(logger, spent, tokens)
-        while spent < tokens and shard * shard_size < n_conversations:
+        while spent < tokens and shard * shard_size < len(conversations):
             meter.shard = shard
-            result = generate_shard_task(request, shard, progress=meter.add)
-            spent, shard = spent + result["tokens"], shard + 1
+            records = shard_records(len(conversations), request, shard)
+            stats.append(generate_shard_task(request, shard, {r: conversations[r] for r in records},
+                                             progress=meter.add))
+            spent, shard = spent + stats[-1]["tokens"], shard + 1
             update_progress_artifact(artifact, progress=min(100.0, 100.0 * spent / tokens))
         if spent < tokens:
             logger.warning("the corpus ran out after %d reply tokens (asked for %d)", spent, tokens)
-        manifest = finish(Path(out), manifest, committed_shards(Path(out))[:shard])
+        manifest = finish(Path(out), manifest, stats)
     logger.info("corpus %s complete: %d replies, %d reply tokens; use --corpus regen:%s", out, manifest["replies"],
                 spent, out)
     return _summary(out, manifest, meter.generated, meter.elapsed())

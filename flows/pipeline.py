@@ -117,12 +117,13 @@ def pipeline(model: str = "smollm2-135m", preset: str = "quick", store: str | No
     logger = get_run_logger()
     key = check_request(model, preset, limit, corpus)
     p, store = pipeline_preset(preset), preset_store(preset, store)
+    generated = corpus is None and p.generate_tokens  # the target's own replies, written by this pipeline
     corpus = corpus_for(store, key, p, corpus)
     warm_start = p.warm_start if warm_start is None else warm_start
     if extraction_current(store, key, model, p, corpus):
         logger.info("extraction of %s in %s is complete", key, store)
     else:
-        if corpus == corpus_for(store, key, p, None) and p.generate_tokens:
+        if generated:
             generate(model=model, source=SOURCE, out=corpus.removeprefix("regen:"), tokens=p.generate_tokens,
                      max_new_tokens=p.generate_max_new_tokens, turns=p.generate_turns,
                      max_prompt_tokens=p.generate_max_prompt_tokens)

@@ -69,8 +69,7 @@ def train_head(model: str = "smollm2-135m", store: str = "layerwave.zarr", layer
     when present); export it to `out`. The device is not part of the stage key: a head trained on
     either is the same head up to floating-point rounding. `warm_start`, `freeze_lm_head` and
     `lm_head_lr_scale` override the preset's recipe (None keeps it)."""
-    recipe = {k: v for k, v in (("warm_start", warm_start), ("freeze_lm_head", freeze_lm_head),
-                                ("lm_head_lr_scale", lm_head_lr_scale)) if v is not None}
+    recipe = {"warm_start": warm_start, "freeze_lm_head": freeze_lm_head, "lm_head_lr_scale": lm_head_lr_scale}
     key = store_key(model)
     ds = open_activations(store, key)
     n = ds.sizes["layer"] - 1

@@ -33,6 +33,8 @@ from tasks.registry import resolve
 from tasks.render import render
 from tasks.regen_corpus import FORMAT, MANIFEST, read_manifest, shard_path
 
+STAT_NAMES = ("tokens", "replies", "finished_replies", "roundtrip_exact")  # a shard's reply counts
+
 
 @dataclass(frozen=True)
 class GenerateRequest:
@@ -51,10 +53,6 @@ class GenerateRequest:
     shard_size: int = 64  # conversations per shard
     device: str = "auto"
     overwrite: bool = False
-
-    def settings(self) -> dict:
-        """What fixes each shard's content (the budget only says how many shards there are)."""
-        return {k: v for k, v in asdict(self).items() if k not in ("out", "device", "overwrite", "model", "tokens")}
 
 
 def check_request(request: GenerateRequest) -> None:
@@ -83,7 +81,8 @@ def check_chat_template(tokenizer, model: str) -> None:
 
 
 def identity(request: GenerateRequest) -> dict:
-    return {"model": request.model, **request.settings()}
+    """What fixes each shard's content (the budget only says how many shards there are)."""
+    return {k: v for k, v in asdict(request).items() if k not in ("out", "device", "overwrite", "tokens")}
 
 
 def source_order(n: int, seed: int) -> np.ndarray:
@@ -97,8 +96,9 @@ def source_hash(conversations: list[Conversation]) -> str:
     return h.hexdigest()
 
 
-def prepare(request: GenerateRequest, provenance: dict) -> dict:
-    """Write (or keep) the manifest; returns it. An `--overwrite` clears every old shard first."""
+def prepare(request: GenerateRequest, provenance: dict, conversations: list[Conversation]) -> dict:
+    """Write (or keep) the manifest of a generation from `conversations` (the source corpus);
+    returns it. An `--overwrite` clears every old shard first."""
     out = Path(request.out)
     manifest = read_manifest(out)
     if manifest is not None and manifest.get("identity") == identity(request):
@@ -107,7 +107,6 @@ def prepare(request: GenerateRequest, provenance: dict) -> dict:
     out.mkdir(parents=True, exist_ok=True)
     for old in out.glob("shard-*.jsonl*"):
         old.unlink()
-    conversations = load_corpus(request.source)
     manifest = {"format": FORMAT, "identity": identity(request), "model": provenance,
                 "source": {"spec": request.source, "conversations": len(conversations),
                            "sha256": source_hash(conversations)},
@@ -116,13 +115,10 @@ def prepare(request: GenerateRequest, provenance: dict) -> dict:
     return manifest
 
 
-def finish(out: Path, manifest: dict, shards: list[Path]) -> dict:
-    """Mark the corpus complete, with its totals: the last write of a generation."""
-    totals = {"shards": len(shards), "tokens": 0, "replies": 0, "finished_replies": 0, "roundtrip_exact": 0}
-    for path in shards:
-        for name, value in shard_stats(path).items():
-            totals[name] += value
-    manifest = {**manifest, **totals, "complete": True}
+def finish(out: Path, manifest: dict, stats: list[dict]) -> dict:
+    """Mark the corpus complete, with the totals of its shards' `stats`: the last write of a generation."""
+    totals = {name: sum(shard[name] for shard in stats) for name in STAT_NAMES}
+    manifest = {**manifest, **totals, "shards": len(stats), "complete": True}
     _write_json(out / MANIFEST, manifest)
     return manifest
 
@@ -133,13 +129,17 @@ def _write_json(path: Path, value: dict) -> None:
     os.replace(staging, path)
 
 
-def shard_stats(path: Path) -> dict:
-    """Reply counts of a committed shard: tokens, replies, finished (ended with EOS), roundtrip
+def reply_stats(rows: list[dict]) -> dict:
+    """Reply counts of a shard's rows: tokens, replies, finished (ended with EOS), roundtrip
     (templating the decoded text gives back the very tokens generated; BPE need not)."""
-    replies = [reply for line in path.read_text().splitlines() if line for reply in json.loads(line)["replies"]]
-    return {"tokens": sum(r["tokens"] for r in replies), "replies": len(replies),
-            "finished_replies": sum(r["finished"] for r in replies),
-            "roundtrip_exact": sum(r["roundtrip"] for r in replies)}
+    replies = [reply for row in rows for reply in row["replies"]]
+    return dict(zip(STAT_NAMES, (sum(r["tokens"] for r in replies), len(replies),
+                                 sum(r["finished"] for r in replies), sum(r["roundtrip"] for r in replies))))
+
+
+def shard_stats(path: Path) -> dict:
+    """`reply_stats` of a committed shard."""
+    return reply_stats([json.loads(line) for line in path.read_text().splitlines() if line])
 
 
 @torch.inference_mode()
@@ -162,16 +162,22 @@ def generate_batch(model, prompts: list[list[int]], max_new_tokens: int, eos: in
     return replies
 
 
-def generate_shard(loaded, conversations: list[Conversation], records: list[int], request: GenerateRequest,
-                   shard: int, progress=lambda tokens: None) -> list[dict]:
-    """Answer the user turns of `records` (corpus indices) with the target; one dict per
+def shard_records(n_conversations: int, request: GenerateRequest, shard: int) -> list[int]:
+    """Corpus indices of shard `shard`'s conversations."""
+    order = source_order(n_conversations, request.seed)
+    return [int(r) for r in order[shard * request.shard_size: (shard + 1) * request.shard_size]]
+
+
+def generate_shard(loaded, conversations: dict[int, Conversation], request: GenerateRequest, shard: int,
+                   progress=lambda tokens: None) -> list[dict]:
+    """Answer the user turns of `conversations` (by corpus index) with the target; one dict per
     conversation that got at least one reply."""
     tokenizer = loaded.tokenizer
     eos = tokenizer.eos_token_id
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos
     torch.manual_seed(request.seed * 1_000_003 + shard)  # sampling: a shard's draws depend on nothing else
-    states = {record: {"pending": list(conversations[record]), "messages": [], "replies": []}
-              for record in records}
+    states = {record: {"pending": list(conversation), "messages": [], "replies": []}
+              for record, conversation in conversations.items()}
     for turn in range(request.turns):
         asked = []
         for record, state in states.items():
@@ -246,11 +252,11 @@ def write_shard(out: Path, shard: int, rows: list[dict]) -> Path:
 
 
 @task(name="generate-shard", cache_policy=NO_CACHE)
-def generate_shard_task(request: GenerateRequest, shard: int, progress=lambda tokens: None) -> dict:
-    """Generate shard `shard` and commit it; returns its reply-token count (arrays stay on disk)."""
-    loaded = load_model.load(request.model, request.device, "auto")
-    conversations = load_corpus(request.source)
-    order = source_order(len(conversations), request.seed)
-    records = [int(r) for r in order[shard * request.shard_size: (shard + 1) * request.shard_size]]
-    rows = generate_shard(loaded, conversations, records, request, shard, progress)
-    return {"shard": shard, **shard_stats(write_shard(Path(request.out), shard, rows))}
+def generate_shard_task(request: GenerateRequest, shard: int, conversations: dict[int, Conversation],
+                        progress=lambda tokens: None) -> dict:
+    """Generate shard `shard` from its `conversations` (by corpus index) and commit it; returns its
+    reply counts (the replies stay on disk)."""
+    rows = generate_shard(load_model.load(request.model, request.device, "auto"), conversations, request, shard,
+                          progress)
+    write_shard(Path(request.out), shard, rows)
+    return {"shard": shard, **reply_stats(rows)}

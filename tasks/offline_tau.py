@@ -116,25 +116,32 @@ def summarize_rounds(gains_per_reply: list[list[int]], depth: int, seed: int = 0
             "replies": len(gains_per_reply), "tokens": int(tokens.sum()), "depth": depth}
 
 
+def simulate_documents(head: DraftHead, documents, depth: int, eos: int | None, max_new_tokens: int | None = None,
+                       first_turn_only: bool = False, limit: int | None = None) -> list[list[int]]:
+    """Tokens per round of every reply of `documents` ((aux, token_id, position, loss_mask) each),
+    the first `limit` documents that have a reply to simulate (all by default)."""
+    device = head.d2t.device
+    gains, simulated = [], 0
+    for aux, token_id, positions, loss_mask in documents:
+        replies = (whole_first_reply(token_id, loss_mask, eos, max_new_tokens) if first_turn_only
+                   else replies_in(token_id, loss_mask, eos, max_new_tokens))
+        if not replies:
+            continue
+        if limit is not None and simulated >= limit:
+            break
+        simulated += 1
+        matches = draft_matches(head, torch.from_numpy(aux).to(device), torch.from_numpy(token_id).long().to(device),
+                                torch.from_numpy(positions).long().to(device), depth)
+        gains += [simulate_rounds(matches, reply) for reply in replies]
+    return gains
+
+
 def offline_tau(head: DraftHead, data: StoreBatches, depth: int, eos: int | None,
                 max_new_tokens: int | None = None, first_turn_only: bool = False, limit: int | None = None) -> dict:
     """τ_offline over the held-out documents of `data` (the head's own held-out split), the first
     `limit` of them that have a reply to simulate (all by default)."""
     if data.layers != head.config.layers:
         raise LayerwaveError(f"the head reads layers {head.config.layers}; the data was opened for {data.layers}")
-    device = head.d2t.device
-    gains, documents = [], 0
-    for aux, token_id, positions, loss_mask in data.heldout_documents():
-        if first_turn_only:
-            replies = whole_first_reply(token_id, loss_mask, eos, max_new_tokens)
-        else:
-            replies = replies_in(token_id, loss_mask, eos, max_new_tokens)
-        if not replies:
-            continue
-        if limit is not None and documents >= limit:
-            break
-        documents += 1
-        matches = draft_matches(head, torch.from_numpy(aux).to(device), torch.from_numpy(token_id).long().to(device),
-                                torch.from_numpy(positions).long().to(device), depth)
-        gains += [simulate_rounds(matches, reply) for reply in replies]
-    return summarize_rounds(gains, depth)
+    documents = (document for _, shard_documents in data.heldout_shards() for document in shard_documents)
+    return summarize_rounds(simulate_documents(head, documents, depth, eos, max_new_tokens, first_turn_only, limit),
+                            depth)

@@ -37,8 +37,10 @@ def used_records(store: str | None, model_key: str) -> set[int]:
     if not store:
         return set()
     group = open_existing(store, schema.activations_path(model_key))
-    spec = group.attrs.get("corpus", {}).get("spec", "") if group is not None else ""
-    used = [int(i) for i in group["source_record"][:]] if group is not None else []
+    if group is None:
+        return set()
+    spec = group.attrs.get("corpus", {}).get("spec", "")
+    used = [int(i) for i in group["source_record"][:]]
     if spec.startswith("regen:"):  # a generated corpus: its conversations' own ShareGPT records
         conversations_records, manifest = read_generated(Path(spec[6:]))[1:]
         if manifest["source"]["spec"] != "sharegpt":
@@ -47,21 +49,23 @@ def used_records(store: str | None, model_key: str) -> set[int]:
     return set(used) if spec == "sharegpt" else set()
 
 
-def encode_prompts(tokenizer, turns: list[str], max_positions: int, max_new_tokens: int,
-                   encoded: list[list[int]] = ()) -> list[list[int]]:
-    """Chat-template each turn with the generation prompt (after any prompts given `encoded`);
-    refuse prompts that leave no room."""
+def encode_prompts(tokenizer, turns: list[str], max_positions: int, max_new_tokens: int) -> list[list[int]]:
+    """Chat-template each turn with the generation prompt; refuse prompts that leave no room."""
+    return checked_prompts([list(tokenizer.apply_chat_template([{"role": "user", "content": turn}],
+                                                               add_generation_prompt=True, tokenize=True,
+                                                               return_dict=True)["input_ids"]) for turn in turns],
+                           max_positions, max_new_tokens)
+
+
+def checked_prompts(prompts: list[list[int]], max_positions: int, max_new_tokens: int) -> list[list[int]]:
+    """The prompts, once each is known to leave room for `max_new_tokens` and there is one at all."""
     if max_new_tokens < 1:
         raise LayerwaveError(f"--max-new-tokens must be at least 1 (got {max_new_tokens})")
-    prompts = []
-    templated = (tokenizer.apply_chat_template([{"role": "user", "content": turn}], add_generation_prompt=True,
-                                               tokenize=True, return_dict=True)["input_ids"] for turn in turns)
-    for number, ids in enumerate([*encoded, *templated]):
+    for number, ids in enumerate(prompts):
         if len(ids) + max_new_tokens > max_positions:
             raise LayerwaveError(f"prompt {number} has {len(ids)} tokens; with --max-new-tokens {max_new_tokens} "
                                  f"it exceeds the model's context of {max_positions}; lower --max-new-tokens or "
                                  "shorten the prompt")
-        prompts.append(list(ids))
     if not prompts:
         raise LayerwaveError("the benchmark has no prompts; check --bench and --limit")
     return prompts

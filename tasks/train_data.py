@@ -91,8 +91,10 @@ class StoreBatches:
                 cached_shard, arrays = shard, self._read_shard(shard)
             yield self._batch(arrays, self.layout.shard_range(shard)[0], windows)
 
-    def heldout_documents(self):
-        """Whole held-out documents, in store order: (aux, token_id, position, loss_mask) arrays."""
+    def heldout_shards(self):
+        """Each shard holding held-out documents, its arrays read once: (its held-out batches, as
+        `batches(plan(0, heldout=True))` gives them, lazily; its held-out documents as
+        (aux, token_id, position, loss_mask)), so every held-out measure shares one read."""
         for shard in range(self.layout.n_shards):
             start, stop = self.layout.shard_range(shard)
             doc = self.doc[start:stop]
@@ -100,9 +102,11 @@ class StoreBatches:
             if not spans:
                 continue
             arrays = self._read_shard(shard)
-            for a, b in spans:
-                yield (arrays["aux"][a:b], arrays["token_id"][a:b], arrays["position"][a:b],
-                       arrays["loss_mask"][a:b])
+            windows = self.windows(shard, heldout=True)
+            batches = (self._batch(arrays, start, windows[i: i + self.batch_size])
+                       for i in range(0, len(windows), self.batch_size))
+            yield batches, [tuple(arrays[name][a:b] for name in ("aux", "token_id", "position", "loss_mask"))
+                            for a, b in spans]
 
     def _read_shard(self, shard: int) -> dict:
         start, stop = self.layout.shard_range(shard)

@@ -16,7 +16,7 @@ from store import schema
 from store.errors import LayerwaveError
 from tasks import load_model
 from tasks.draft_head import DraftConfig, DraftHead, draft_vocabulary, target_to_draft
-from tasks.offline_tau import offline_tau
+from tasks.offline_tau import simulate_documents, summarize_rounds
 from tasks.train_data import StoreBatches
 from tasks.ttt import unroll
 from tasks.warm_start import warm_start
@@ -97,26 +97,24 @@ def learning_rate(step: int, total: int, config: TrainConfig) -> float:
 
 @torch.no_grad()
 def held_out_metrics(head: DraftHead, data: StoreBatches, config: TrainConfig, eos: int | None) -> dict:
-    """Held-out loss and accuracy per TTT step, and τ_offline of chain drafting along the held-out
-    replies (meaningful when they are the target's own: a store of a regen: corpus)."""
-    return {**held_out_accuracy(head, data, config.ttt_steps),
-            "tau_offline": offline_tau(head, data, config.chain_depth, eos)}
-
-
-@torch.no_grad()
-def held_out_accuracy(head: DraftHead, data: StoreBatches, steps: int) -> dict:
-    """Held-out loss and accuracy per TTT step (accuracy: draft argmax = target argmax)."""
+    """Held-out loss and accuracy per TTT step (accuracy: draft argmax = target argmax), and
+    τ_offline of chain drafting along the held-out replies (meaningful when they are the target's
+    own: a store of a regen: corpus); one read of the held-out shards serves both."""
     index = target_to_draft(head.t2d)
+    steps = config.ttt_steps
     loss, correct, counted = np.zeros(steps), np.zeros(steps), np.zeros(steps)
-    for batch in data.batches(data.plan(0, heldout=True)):
-        for i, r in enumerate(unroll(head, batch.to(index.device), index, steps)):
-            loss[i] += float(r.loss) * r.counted
-            correct[i] += r.correct
-            counted[i] += r.counted
+    gains = []
+    for batches, documents in data.heldout_shards():
+        for batch in batches:
+            for i, r in enumerate(unroll(head, batch.to(index.device), index, steps)):
+                loss[i] += float(r.loss) * r.counted
+                correct[i] += r.correct
+                counted[i] += r.counted
+        gains += simulate_documents(head, documents, config.chain_depth, eos)
     if not counted.any():
         raise LayerwaveError("the held-out split has no loss-masked tokens; extract more --tokens")
     return {"loss": (loss / np.maximum(counted, 1)).tolist(), "accuracy": (correct / np.maximum(counted, 1)).tolist(),
-            "tokens": counted.astype(int).tolist()}
+            "tokens": counted.astype(int).tolist(), "tau_offline": summarize_rounds(gains, config.chain_depth)}
 
 
 def train(store: str, model_key: str, layers: list[int], out: Path, config: TrainConfig,

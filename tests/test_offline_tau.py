@@ -27,7 +27,7 @@ def test_simulated_rounds_equal_real_decoding_round_by_round(regen, tiny):
     data = StoreBatches(store, TINY, LAYERS, seq_len=1, batch_size=1, seed=0, holdout=0.05)
     eos, budget = tiny.tokenizer.eos_token_id, GENERATION["max_new_tokens"]
     compared, multi_token_rounds = 0, 0
-    for aux, token_id, positions, loss_mask in data.heldout_documents():
+    for aux, token_id, positions, loss_mask in (d for _, documents in data.heldout_shards() for d in documents):
         for reply in whole_first_reply(token_id, loss_mask, eos, budget):
             matches = draft_matches(head, torch.from_numpy(aux), torch.from_numpy(token_id).long(),
                                     torch.from_numpy(positions).long(), DEPTH)
