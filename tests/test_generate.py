@@ -86,9 +86,16 @@ def test_bad_generation_requests_are_one_line(tmp_path, tiny, prefect_api, capsy
     assert result.returncode == 2
     assert "has no chat template" in error_line(result.stderr)
 
-    extracted_by_another = run(cli_argv("extract", {"model": f"hf:{plain}", "corpus": regen_spec(tmp_path, SMALL),
+    small = regen_spec(tmp_path, SMALL)
+    extracted_by_another = run(cli_argv("extract", {"model": f"hf:{plain}", "corpus": small,
                                                     "store": tmp_path / "s.zarr", "tokens": 100}), prefect_api)
     assert "holds tiny-random-llama's own replies" in error_line(extracted_by_another.stderr)
+    refused(["--out", small[6:], "--max-new-tokens", "5"], "holds a corpus generated with other settings")
+    manifest = Path(small[6:]) / "manifest.json"
+    manifest.write_text(json.dumps({**json.loads(manifest.read_text()), "complete": False}))
+    capsys.readouterr()
+    assert main(["extract", "--model", TINY, "--corpus", small, "--store", str(tmp_path / "t.zarr")]) == 2
+    assert f"corpus {small} is incomplete" in capsys.readouterr().err
 
 
 def regen_spec(tmp_path, options) -> str:
