@@ -1,20 +1,20 @@
-"""Acceptance length and wall-clock speed-up of a store-trained head on SmolLM2-135M, chain and
-EAGLE-2 tree drafting, against plain Hugging Face greedy generation on the same prompts in the
-same run.
+"""Speculative decoding on SmolLM2-135M side by side: the target alone, Hugging Face prompt
+lookup, and a store-trained head as chain, EAGLE-2 tree and auto, on the same prompts in the
+same run; then where a round's time goes.
 
     python benchmarks/evaluate.py [--tokens 20000] [--limit 5] [--max-new-tokens 64] [--depth 4]
-                                  [--trees 8x32] [--store S --head DIR]
+                                  [--tree 4x16] [--store S --head DIR] [--device cpu]
                                   [--benches mt-bench,sharegpt] [--out benchmarks/out/evaluate.json]
 
-Extracts ShareGPT activations, trains a `quick` head on the EAGLE-3 default layers (or reuses
-`--head`, trained on `--store`), and runs greedy speculative decoding, chain then one tree per
-`--trees` shape (top-k x tokens), on MT-Bench first turns (and held-out ShareGPT prompts),
-checking every output is token-for-token the plain output.
+Extracts ShareGPT activations and trains a `quick` head on the EAGLE-3 default layers (or reuses
+`--head`, trained on `--store`), then runs `layerwave evaluate --compare` on MT-Bench first turns
+and held-out ShareGPT prompts: τ, tokens/s and the median per-prompt speed-up over the target
+alone with its 95% interval, every output checked token for token against the target's.
 
-Speed-up is τ times (plain time per token / time per round), so each line also prints the τ a
-head would need for 1.5x at the round cost measured here, and the run ends with the target's
-forward time per number of tokens verified: on a memory-bound CPU, verifying k tokens costs far
-less than k single-token steps, but not nothing. Writes benchmarks/out/evaluate.json.
+The profile times each part of chain rounds (depth `--depth`) and tree rounds on the first bench's
+prompts, in milliseconds and in plain decoding steps, and the target's forward time per number
+of tokens verified: a round pays off only when τ exceeds its cost in plain steps. Writes
+benchmarks/out/evaluate.json.
 """
 
 from __future__ import annotations
@@ -32,24 +32,19 @@ os.environ.setdefault("PREFECT_HOME", tempfile.mkdtemp(prefix="layerwave-bench-p
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 os.environ.setdefault("DO_NOT_TRACK", "1")
 
-from flows.evaluate import evaluate  # noqa: E402
+from flows.cli import comparison_table  # noqa: E402
+from flows.evaluate import bench_prompts, evaluate, load_pair  # noqa: E402
 from flows.extract import extract  # noqa: E402
 from flows.train import train_head  # noqa: E402
-from tasks import load_model  # noqa: E402
-
-GOAL = 1.5  # the speed-up issue 6 asks for
-
-
-def tree_shapes(text: str) -> list[tuple[int, int]]:
-    """"8x32,4x12" → [(8, 32), (4, 12)]: top-k children per node x tokens verified per round."""
-    return [tuple(int(n) for n in shape.split("x")) for shape in text.split(",") if shape]
+from tasks.decoders import PROMPT_LOOKUP_TOKENS  # noqa: E402
+from tasks.registry import resolve  # noqa: E402
+from tasks.round_profile import profile_rounds, profile_table  # noqa: E402
+from tasks.tree_decode import TreeShape  # noqa: E402
 
 
 @torch.no_grad()
-def verify_seconds(model: str, sizes: list[int], prefix: int = 256, repeats: int = 15) -> dict[int, float]:
-    """Median seconds of one target forward over `size` new tokens after a cached `prefix`, on the
-    device the evaluations ran on (the same cached model)."""
-    target = load_model.load(model, "auto", "auto").model
+def verify_seconds(target, sizes: list[int], prefix: int = 256, repeats: int = 15) -> dict[int, float]:
+    """Median seconds of one target forward over `size` new tokens after a cached `prefix`."""
     cache = target(input_ids=torch.randint(0, 1000, (1, prefix), device=target.device), use_cache=True).cache
     seconds = {}
     for size in sizes:
@@ -74,9 +69,10 @@ def main() -> None:
     parser.add_argument("--limit", type=int, default=5)
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--depth", type=int, default=4, help="chain length and tree depth")
-    parser.add_argument("--trees", default="8x32", help="tree shapes, top-k x tokens, comma-separated")
+    parser.add_argument("--tree", default=f"{TreeShape.topk}x{TreeShape.tokens}", help="tree shape: top-k x tokens")
     parser.add_argument("--head", help="reuse this trained head (with the --store it was trained on)")
     parser.add_argument("--benches", default="mt-bench,sharegpt", help="comma-separated")
+    parser.add_argument("--device", default="auto", help="auto (CUDA when present), cpu or cuda")
     parser.add_argument("--out", default="benchmarks/out/evaluate.json")
     args = parser.parse_args()
     if args.head and not args.store:
@@ -90,23 +86,26 @@ def main() -> None:
         head = str(workdir / "head")
         extract(model=args.model, corpus="sharegpt", tokens=args.tokens, store=store)
         trained = train_head(model=args.model, store=store, out=head, preset_name="quick")
-    results = {"model": args.model, "tokens_in_store": None if args.head else args.tokens, "head": trained, "benches": {}}
-    shapes = tree_shapes(args.trees)
-    drafts = [("chain", "chain", 1, args.depth)] + [(f"tree {k}x{n}", "tree", k, n) for k, n in shapes]
+    topk, tokens = (int(n) for n in args.tree.split("x"))
+    results = {"model": args.model, "tokens_in_store": None if args.head else args.tokens, "head": trained,
+               "benches": {}}
     for bench in args.benches.split(","):
-        for name, draft, topk, tokens in drafts:
-            result = evaluate(model=args.model, head=head, bench=bench, limit=args.limit,
-                              max_new_tokens=args.max_new_tokens, depth=args.depth, store=store, draft=draft,
-                              tree_topk=topk, tree_tokens=tokens)
-            needed = GOAL * result["tau"] / result["speedup"]
-            results["benches"].setdefault(bench, {})[name] = {**{k: v for k, v in result.items() if k != "rows"},
-                                                              "tau_needed_for_goal": needed}
-            print(f"{bench} {name}: τ {result['tau']:.2f}, speed-up {result['speedup']:.2f}x "
-                  f"({result['tokens_per_s']:.1f} vs {result['baseline_tokens_per_s']:.1f} tokens/s), "
-                  f"lossless {result['lossless']}, per position " + " ".join(f"{p:.2f}" for p in result["per_position"])
-                  + f"; {GOAL}x needs τ {needed:.2f} at this round cost")
-    sizes = sorted({1, args.depth + 1, *(n + 1 for _, n in shapes)})
-    seconds = verify_seconds(args.model, sizes)
+        result = evaluate(model=args.model, head=head, bench=bench, limit=args.limit,
+                          max_new_tokens=args.max_new_tokens, depth=args.depth, store=store, tree_topk=topk,
+                          tree_tokens=tokens, device=args.device, compare=True)
+        results["benches"][bench] = {**result, "compare": {name: {k: v for k, v in r.items() if k != "rows"}
+                                                           for name, r in result["compare"].items()}}
+        print(comparison_table(result))
+    target, drafter = load_pair(args.model, head, args.device)
+    prompts = bench_prompts(args.benches.split(",")[0], target, args.limit, args.max_new_tokens, store,
+                            resolve(args.model).key, head)
+    eos = target.tokenizer.eos_token_id
+    results["profile"] = [profile_rounds(target.model, drafter, prompts, args.max_new_tokens, args.depth, eos, shape)
+                          for shape in (None, TreeShape(topk, tokens))]
+    for profile in results["profile"]:
+        print(profile_table(profile))
+    sizes = sorted({1, args.depth + 1, tokens + 1, PROMPT_LOOKUP_TOKENS + 1})
+    seconds = verify_seconds(target.model, sizes)
     results["verify_seconds"] = {str(n): s for n, s in seconds.items()}
     print("target forward after 256 cached tokens: " + ", ".join(
         f"{n} token{'s' * (n > 1)} {1000 * s:.0f} ms ({s / seconds[1]:.2f}x)" for n, s in seconds.items()))

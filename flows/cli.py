@@ -215,7 +215,11 @@ def _evaluate_parser(sub) -> None:
     p.add_argument("--max-new-tokens", type=int, help="tokens generated per prompt (default 128); with --offline, "
                    "each reply is cut there (default: whole replies)")
     p.add_argument("--depth", type=int, default=4, help="draft tokens per verification (chain), levels (tree)")
-    p.add_argument("--draft", default="chain", help="chain, or tree (EAGLE-2 dynamic tree)")
+    p.add_argument("--draft", default="chain", help="chain, tree (EAGLE-2 dynamic tree) or auto (the chain depth, "
+                   "or the target alone, with the most expected tokens/s from the head's acceptance per position "
+                   "and this device's measured round cost)")
+    p.add_argument("--compare", action="store_true", help="the target alone, Hugging Face prompt lookup, chain, "
+                   "tree and auto side by side on the same prompts")
     p.add_argument("--tree-topk", type=int, help="tree: children expanded per node and per level (default: "
                    "TreeShape's, tuned for CPU)")
     p.add_argument("--tree-tokens", type=int, help="tree: draft tokens verified per round (default: TreeShape's)")
@@ -242,18 +246,42 @@ def _run_evaluate(args) -> dict:
     tree = {name: value for name, value in (("tree_topk", args.tree_topk), ("tree_tokens", args.tree_tokens))
             if value is not None}  # unset: the flow's defaults (TreeShape's), without importing torch here
     check_request(args.model, args.head, args.bench, args.limit, args.max_new_tokens, args.depth, args.temperature,
-                  args.draft, device=args.device, store=args.store, **tree)
+                  args.draft, device=args.device, store=args.store, compare=args.compare, **tree)
     _configure_logging()
     from flows.evaluate import evaluate
 
     result = evaluate(model=args.model, head=args.head, bench=args.bench, limit=args.limit,
                       max_new_tokens=args.max_new_tokens, depth=args.depth, store=args.store,
-                      temperature=args.temperature, seed=args.seed, draft=args.draft, device=args.device, **tree)
-    print(f"{args.bench} ({args.draft}): τ {result['tau']:.2f}, speed-up {result['speedup']:.2f}x "
-          f"({result['tokens_per_s']:.1f} vs {result['baseline_tokens_per_s']:.1f} tokens/s), "
-          f"lossless {result['lossless']}, acceptance per position "
-          + " ".join(f"{p:.2f}" for p in result["per_position"]))
+                      temperature=args.temperature, seed=args.seed, draft=args.draft, device=args.device,
+                      compare=args.compare, **tree)
+    if args.compare:
+        print(comparison_table(result))
+    else:
+        print(f"{args.bench} ({args.draft}): τ {result['tau']:.2f}, speed-up {_speedup(result)} "
+              f"({result['tokens_per_s']:.1f} vs {result['baseline_tokens_per_s']:.1f} tokens/s), "
+              f"lossless {result['lossless']}, acceptance per position "
+              + " ".join(f"{p:.2f}" for p in result["per_position"]))
     return result
+
+
+def _speedup(result: dict) -> str:
+    """Median per-prompt speed-up and its 95% interval."""
+    interval = result["speedup_ci95"]
+    return f"{result['speedup']:.2f}x" + (f" ({interval[0]:.2f}–{interval[1]:.2f})" if interval else "")
+
+
+def comparison_table(result: dict) -> str:
+    """`evaluate --compare` as a Markdown table, the target alone first."""
+    first = next(iter(result["compare"].values()))
+    lines = [f"{result['bench']}, {result['prompts']} prompts: median per-prompt speed-up over the target alone "
+             "(95% bootstrap interval)", "", "| decoder | τ | tokens/s | speed-up | lossless |", "|---|---:|---:|---|---|",
+             f"| target alone | 1.00 | {first['baseline_tokens_per_s']:.1f} | 1.00x | True |"]
+    auto = result.get("auto") or {}
+    for name, r in result["compare"].items():
+        label = f"auto (depth {auto['depth']})" if name == "auto" and auto.get("depth") else \
+            "auto (the target alone)" if name == "auto" else name
+        lines.append(f"| {label} | {r['tau']:.2f} | {r['tokens_per_s']:.1f} | {_speedup(r)} | {r['lossless']} |")
+    return "\n".join(lines)
 
 
 def _run_evaluate_offline(args) -> dict:

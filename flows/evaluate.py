@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import numpy as np
 import torch
 from prefect import flow, get_run_logger, task
 from prefect.artifacts import create_table_artifact
@@ -18,19 +17,23 @@ from tasks.export_head import load_exported
 from tasks.offline_tau import offline_tau
 from tasks.prompts import checked_prompts, encode_prompts, first_turns, heldout_prompts, used_records
 from tasks.registry import resolve, store_key
-from tasks.spec_decode import HeadDrafter, plain_generate, speculative_generate
+from tasks.decoders import COMPARED, DRAFTS, auto_plan, baseline, decoder, depth_of
+from tasks.draft_auto import acceptance_profile
+from tasks.side_by_side import side_by_side, summarize
+from tasks.spec_decode import for_drafting, plain_generate
 from tasks.train_data import StoreBatches
 from tasks.train_head import TrainConfig
 from tasks.tree_decode import TreeShape
 
-DRAFTS = ("chain", "tree")
-
-
 def load_pair(model: str, head_dir: str, device: str = "auto"):
-    """Target and head on `device`, refusing a head made for another model or for layers the
-    model lacks."""
+    """Target and head on `device` (the head in the precision it drafts in: `for_drafting`), refusing
+    a head made for another model or for layers the model lacks."""
     if not (Path(head_dir) / "config.json").is_file():
         raise LayerwaveError(f"--head {head_dir} has no config.json; pass a directory written by `layerwave train`")
+    key, trained_on = store_key(model), training_split(head_dir)[2]
+    if trained_on is not None and trained_on != key:
+        raise LayerwaveError(f"head {head_dir} was trained on {trained_on}'s activations, not {key}'s; pass "
+                             f"--model {trained_on} or a head trained for {key}")
     target = load_model.load(model, device, "auto")
     head = load_exported(Path(head_dir), embeddings=target.model.get_input_embeddings().weight.detach().float())
     c, t = head.config, target.model.config
@@ -39,21 +42,24 @@ def load_pair(model: str, head_dir: str, device: str = "auto"):
                              f"{c.vocab_size}; {model} has {t.hidden_size} and {t.vocab_size}")
     if max(c.layers) > t.num_hidden_layers:
         raise LayerwaveError(f"head {head_dir} reads layers {c.layers}; {model} has HF indices 0..{t.num_hidden_layers}")
-    return target, head.to(target.device)
+    return target, for_drafting(head.to(target.device), target.device)
 
 
 def check_request(model: str, head_dir: str, bench: str, limit: int | None, max_new_tokens: int, depth: int,
                   temperature: float = 0.0, draft: str = "chain", tree_topk: int = TreeShape.topk,
-                  tree_tokens: int = TreeShape.tokens, device: str = "auto", store: str | None = None) -> None:
+                  tree_tokens: int = TreeShape.tokens, device: str = "auto", store: str | None = None,
+                  compare: bool = False) -> None:
     """Every mistake in an evaluation request, before generation starts."""
     if depth < 1:
         raise LayerwaveError(f"--depth must be at least 1 (got {depth})")
     if temperature < 0:
         raise LayerwaveError(f"--temperature must be >= 0 (got {temperature}); 0 is greedy")
     if draft not in DRAFTS:
-        raise LayerwaveError(f"unknown --draft {draft!r}; use {' or '.join(DRAFTS)}")
+        raise LayerwaveError(f"unknown --draft {draft!r}; use {', '.join(DRAFTS[:-1])} or {DRAFTS[-1]}")
     if tree_tokens < 1:
         raise LayerwaveError(f"--tree-tokens must be at least 1 (got {tree_tokens})")
+    if (compare or draft == "auto") and store is None:
+        acceptance_profile(head_dir)  # one line when the head records none and no store can measure it
     target, head = load_pair(model, head_dir, device)
     if not 1 <= tree_topk <= head.config.draft_vocab_size:
         raise LayerwaveError(f"--tree-topk must be between 1 and the head's draft vocabulary of "
@@ -74,68 +80,76 @@ def bench_prompts(bench: str, target, limit: int | None, max_new_tokens: int, st
                                            max_new_tokens), max_positions, max_new_tokens)
 
 
+def heldout_data(head, head_dir: str, store: str, model_key: str) -> StoreBatches:
+    """The head's own held-out split of `store`, for offline τ."""
+    seed, holdout, _ = training_split(head_dir)
+    return StoreBatches(store, model_key, head.config.layers, seq_len=1, batch_size=1, seed=seed, holdout=holdout)
+
+
+def measured_acceptance(head, head_dir: str, store: str, model_key: str, eos: int | None, depth: int = 8):
+    """Acceptance per position measured offline along 8 of the head's held-out replies in `store`."""
+    return lambda: offline_tau(head, heldout_data(head, head_dir, store, model_key), depth, eos,
+                               limit=8)["per_position"]
+
+
 @task(name="speculative-decoding", cache_policy=NO_CACHE)
 def evaluate_task(model: str, head_dir: str, bench: str, limit: int | None, max_new_tokens: int, depth: int,
                   store: str | None, temperature: float = 0.0, seed: int = 0, draft: str = "chain",
                   tree_topk: int = TreeShape.topk, tree_tokens: int = TreeShape.tokens,
-                  device: str = "auto") -> dict:
+                  device: str = "auto", compare: bool = False) -> dict:
+    """Each decoder asked for beside the target alone on the same prompts (tasks/side_by_side.py)."""
     logger = get_run_logger()
     target, head = load_pair(model, head_dir, device)
-    prompts = bench_prompts(bench, target, limit, max_new_tokens, store, resolve(model).key, head_dir)
+    key = resolve(model).key
+    prompts = bench_prompts(bench, target, limit, max_new_tokens, store, key, head_dir)
     eos = target.tokenizer.eos_token_id
     plain_generate(target.model, prompts[0], 2, eos)  # warm-up, untimed
-    rows, mismatches = [], []
-    generator = torch.Generator().manual_seed(seed)
-    tree = TreeShape(tree_topk, tree_tokens) if draft == "tree" else None
-    for number, prompt in enumerate(prompts):
-        base = plain_generate(target.model, prompt, max_new_tokens, eos, temperature)
-        spec = speculative_generate(target.model, head.config.layers, HeadDrafter(head), prompt, max_new_tokens,
-                                    depth, eos, temperature, generator, tree)
-        if temperature == 0 and spec.tokens != base.tokens:
-            mismatches.append(number)
-        rows.append({"prompt": number, "tokens": len(spec.tokens), "tau": spec.tau, "accepted": spec.accepted,
-                     "seconds": spec.seconds, "baseline_tokens": len(base.tokens), "baseline_seconds": base.seconds})
-        logger.info("prompt %d/%d: τ %.2f, %d tokens, %.2fs vs %.2fs plain", number + 1, len(prompts), spec.tau,
-                    len(spec.tokens), spec.seconds, base.seconds)
-    settings = {"draft": draft, "tree_topk": tree_topk if tree else None,
-                "tree_tokens": tree_tokens if tree else None, "device": str(target.device)}
-    return {**summarize(rows, depth, mismatches, sampled=temperature > 0), **settings}
-
-
-def summarize(rows: list[dict], depth: int, mismatches: list[int], sampled: bool = False) -> dict:
-    """Totals over prompts. Sampled outputs differ from a sampled baseline by chance, so
-    `lossless` (token-for-token identity) is only defined, and checked, for greedy decoding."""
-    rounds = [a for row in rows for a in row["accepted"]]
-    tokens = sum(row["tokens"] for row in rows)
-    baseline_tokens = sum(row["baseline_tokens"] for row in rows)
-    seconds, baseline = sum(row["seconds"] for row in rows), sum(row["baseline_seconds"] for row in rows)
-    return {"tau": (sum(rounds) + len(rounds)) / max(len(rounds), 1),
-            "per_position": [float(np.mean([a > i for a in rounds])) if rounds else 0.0 for i in range(depth)],
-            "tokens_per_s": tokens / seconds, "baseline_tokens_per_s": baseline_tokens / baseline,
-            "speedup": (tokens / seconds) / (baseline_tokens / baseline),
-            "lossless": None if sampled else not mismatches, "mismatched_prompts": mismatches,
-            "prompts": len(rows), "tokens": tokens, "depth": depth, "rows": rows}
+    names = list(COMPARED) if compare else [draft]
+    plan = None
+    if "auto" in names:
+        per_position, source = acceptance_profile(
+            head_dir, measured_acceptance(head, head_dir, store, key, eos) if store else None)
+        plan = {**auto_plan(target.model, head, prompts[0], per_position, eos, max_new_tokens), "source": source}
+        logger.info("auto: depth %d (0 = the target alone), expected %.2fx, from acceptance per position %s (%s)",
+                    plan["depth"], plan["expected_speedup"], " ".join(f"{p:.2f}" for p in per_position), source)
+    options = {"max_new_tokens": max_new_tokens, "depth": depth, "eos": eos, "temperature": temperature,
+               "generator": torch.Generator().manual_seed(seed), "tree": TreeShape(tree_topk, tree_tokens),
+               "auto_depth": plan and plan["depth"]}
+    rows = side_by_side(baseline(target.model, max_new_tokens, eos, temperature),
+                        [decoder(name, target.model, head, **options) for name in names], prompts, logger.info)
+    results = {name: summarize(rows[name], depth_of(name, depth, options["auto_depth"]), sampled=temperature > 0)
+               for name in names}
+    settings = {"draft": draft, "tree_topk": tree_topk, "tree_tokens": tree_tokens, "device": str(target.device),
+                "auto": plan}
+    if compare:
+        return {"compare": results, **settings, "prompts": len(prompts), "depth": depth,
+                "lossless": all(r["lossless"] is not False for r in results.values())}
+    return {**results[draft], **settings}
 
 
 @flow(name="layerwave-evaluate")
 def evaluate(model: str = "smollm2-135m", head: str = "", bench: str = "mt-bench", limit: int | None = 10,
              max_new_tokens: int = 128, depth: int = 4, store: str | None = None, temperature: float = 0.0,
              seed: int = 0, draft: str = "chain", tree_topk: int = TreeShape.topk,
-             tree_tokens: int = TreeShape.tokens, device: str = "auto") -> dict:
+             tree_tokens: int = TreeShape.tokens, device: str = "auto", compare: bool = False) -> dict:
     """Speculative decoding of `bench` prompts with `head`, against the target decoding alone, on
-    `device` (auto: CUDA when present). `draft`: "chain" (`depth` tokens per round) or "tree"
+    `device` (auto: CUDA when present). `draft`: "chain" (`depth` tokens per round), "tree"
     (EAGLE-2 dynamic tree `depth` levels deep, `tree_topk` children per expanded node,
-    `tree_tokens` nodes verified per round)."""
+    `tree_tokens` nodes verified per round) or "auto" (the chain depth, or the target alone, with
+    the most expected tokens per second). `compare`: prompt lookup, chain, tree and auto side by
+    side, each against the target alone on the same prompts."""
     check_request(model, head, bench, limit, max_new_tokens, depth, temperature, draft, tree_topk, tree_tokens,
-                  device, store)
+                  device, store, compare)
     result = evaluate_task(model, head, bench, limit, max_new_tokens, depth, store, temperature, seed, draft,
-                           tree_topk, tree_tokens, device)
-    create_table_artifact(key="speculative-decoding", table=[{k: result[k] for k in (
-        "tau", "speedup", "tokens_per_s", "baseline_tokens_per_s", "lossless", "prompts")}],
-        description=f"{model} with head {head} on {bench}")
-    if result["lossless"] is False:
-        raise LayerwaveError(f"speculative output differs from plain greedy decoding on prompts "
-                             f"{result['mismatched_prompts']}: decoding is not lossless (a bug; please report it)")
+                           tree_topk, tree_tokens, device, compare)
+    results = result["compare"] if compare else {draft: result}
+    create_table_artifact(key="speculative-decoding", table=[{"decoder": name, **{k: r[k] for k in (
+        "tau", "speedup", "tokens_per_s", "baseline_tokens_per_s", "lossless", "prompts")}}
+        for name, r in results.items()], description=f"{model} with head {head} on {bench}")
+    mismatched = {name: r["mismatched_prompts"] for name, r in results.items() if r["lossless"] is False}
+    if mismatched:
+        raise LayerwaveError(f"output differs from plain greedy decoding ({mismatched}, decoder: prompts): "
+                             "decoding is not lossless (a bug; please report it)")
     return {"model": model, "head": head, "bench": bench, **result}
 
 
@@ -164,13 +178,8 @@ def evaluate_offline(model: str = "smollm2-135m", head: str = "", store: str = "
         raise LayerwaveError(f"--limit must be at least 1 (got {limit})")
     key = store_key(model)
     ds = open_activations(store, key)
-    seed, holdout, trained_on = training_split(head)
-    if trained_on is not None and trained_on != key:
-        raise LayerwaveError(f"head {head} was trained on {trained_on}'s activations, not {key}'s; pass "
-                             f"--model {trained_on} or a head trained for {key}")
     target, drafter = load_pair(model, head, "cpu")
-    data = StoreBatches(store, key, drafter.config.layers, seq_len=1, batch_size=1, seed=seed, holdout=holdout)
-    result = offline_tau(drafter, data, depth, target.tokenizer.eos_token_id, max_new_tokens, first_turn_only, limit)
+    result = offline_tau(drafter, heldout_data(drafter, head, store, key), depth, target.tokenizer.eos_token_id, max_new_tokens, first_turn_only, limit)
     corpus = ds.attrs.get("corpus", {}).get("spec", "")
     if not corpus.startswith("regen:"):
         logger.warning("store %s was extracted from %s, not from the target's own replies (regen:DIR): "

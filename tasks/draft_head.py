@@ -183,8 +183,9 @@ class DraftHead(nn.Module):
                     nn.init.normal_(p, std=0.02)
 
     def fuse(self, aux):
-        """aux (B, T, k·H): the selected target layers concatenated in `config.layers` order."""
-        return self.fc(aux)
+        """aux (B, T, k·H): the selected target layers concatenated in `config.layers` order, cast
+        to the head's dtype (a bfloat16 head drafts from the target's float32 states)."""
+        return self.fc(aux.to(self.fc.weight.dtype))
 
     def step(self, hidden, input_ids, positions, cache):
         """One draft step: next hidden state from (hidden, token) pairs."""

@@ -17,6 +17,8 @@ from dataclasses import dataclass
 
 import torch
 
+from tasks.stopwatch import NO_STOPWATCH
+
 
 @dataclass(frozen=True)
 class TreeShape:
@@ -148,16 +150,20 @@ def verify_tree(target, cache, tree: DraftTree, last: int):
 
 @torch.no_grad()
 def tree_round(target, cache, drafter, last: int, depth: int, shape: TreeShape, temperature: float = 0.0,
-               generator=None):
+               generator=None, stopwatch=NO_STOPWATCH):
     """One round: draft a tree after `last`, verify it, keep the accepted path in the target's
     cache. Returns (emitted tokens, the forward's hidden_states, the rows of them that pair with
     the emitted tokens: the root and the accepted nodes)."""
-    tree = drafter.propose_tree(depth, shape)
+    with stopwatch.part("draft tree"):
+        tree = drafter.propose_tree(depth, shape)
     prefix = cache.get_seq_length()
-    out = verify_tree(target, cache, tree, last)
-    logits = out.logits[0].float()
-    path, bonus = (walk_sampled(tree, torch.softmax(logits / temperature, -1).cpu(), generator) if temperature > 0
-                   else walk_greedy(tree, logits))
-    rows = torch.tensor([0] + [1 + node for node in path], device=target.device)
-    keep_positions(cache, torch.cat([torch.arange(prefix, device=target.device), prefix + rows]))
+    with stopwatch.part("verify: target forward"):
+        out = verify_tree(target, cache, tree, last)
+    with stopwatch.part("accept"):
+        logits = out.logits[0].float()
+        path, bonus = (walk_sampled(tree, torch.softmax(logits / temperature, -1).cpu(), generator)
+                       if temperature > 0 else walk_greedy(tree, logits))
+    with stopwatch.part("cache crop"):
+        rows = torch.tensor([0] + [1 + node for node in path], device=target.device)
+        keep_positions(cache, torch.cat([torch.arange(prefix, device=target.device), prefix + rows]))
     return [tree.tokens[node] for node in path] + [bonus], out.hidden_states, rows

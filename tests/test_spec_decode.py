@@ -41,6 +41,11 @@ class OracleDrafter:
         return plain_generate(self.target, self.context, depth, None).tokens, []
 
 
+def kept_tokens_per_forward(generation) -> float:
+    """Tokens after the prefill's per verification forward; with no round at all, the target's own 1."""
+    return (len(generation.tokens) - 1) / generation.forwards if generation.forwards else 1.0
+
+
 def test_eos_and_token_budget_edges(tiny, trained):
     head = trained[0]
     prompt = prompts(tiny)[1]
@@ -50,11 +55,11 @@ def test_eos_and_token_budget_edges(tiny, trained):
     for depth in (1, 3, 8):
         spec = speculative_generate(tiny.model, LAYERS, HeadDrafter(head), prompt, 30, depth, eos)
         assert spec.tokens == reference[: stop_at + 1] == plain_generate(tiny.model, prompt, 30, eos).tokens
-        assert spec.tau == (len(spec.tokens) - 1) / max(spec.forwards, 1)  # nothing past EOS counts
+        assert spec.tau == kept_tokens_per_forward(spec)  # nothing past EOS counts
         for budget in (1, 2, 5):
             short = speculative_generate(tiny.model, LAYERS, HeadDrafter(head), prompt, budget, depth, None)
             assert short.tokens == reference[:budget]
-            assert short.tau == (budget - 1) / max(short.forwards, 1)  # nothing past the budget counts
+            assert short.tau == kept_tokens_per_forward(short)  # nothing past the budget counts
 
 
 def test_an_oracle_draft_gives_tau_depth_plus_one(tiny):

@@ -1,0 +1,110 @@
+"""Decoders side by side: prompt lookup, chain, tree and auto against the target alone; the round
+profile; the cost-aware depth."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from flows.cli import main
+from tasks.draft_auto import choose_depth, expected_tokens
+from tasks.export_head import load_exported
+from tasks.round_profile import OVERHEAD, profile_rounds
+from tasks.side_by_side import Decoder, median_ci95, side_by_side, summarize
+from tasks.spec_decode import Generation, accept_greedy, accept_greedy_lazily, plain_generate
+from tasks.tree_decode import TreeShape
+from tests.conftest import TINY
+from tests.test_spec_decode import prompts
+
+
+def test_prompt_lookup_is_the_targets_output_in_fewer_forwards(tiny):
+    """A prompt that repeats itself: Hugging Face prompt lookup copies the repeat, so it emits
+    the target's greedy tokens with fewer target forwards than tokens."""
+    prompt = prompts(tiny)[0]
+    plain = plain_generate(tiny.model, prompt, 24, None)
+    repeated = prompt + plain.tokens + prompt
+    plain = plain_generate(tiny.model, repeated, 24, None)
+    lookup = plain_generate(tiny.model, repeated, 24, None, prompt_lookup=6)
+    assert lookup.tokens == plain.tokens and len(plain.tokens) == 24
+    assert plain.forwards == 23 and plain.tau == 1.0
+    assert lookup.forwards < 23 and lookup.tau == 23 / lookup.forwards > 1.0
+
+
+def test_lazy_logits_accept_what_the_full_logits_accept(tiny):
+    """Greedy acceptance from the final hidden states, one lm_head row first, equals acceptance
+    from all rows: whichever draft is first wrong, and when every draft is right."""
+    hidden = torch.randn(5, tiny.model.config.hidden_size)
+    lm_head = tiny.model.get_output_embeddings()
+    choices = lm_head(hidden).argmax(-1).tolist()
+    for drafts in (choices[:4], [choices[0] + 1, *choices[1:4]], [*choices[:2], choices[2] + 1, choices[3]], []):
+        assert accept_greedy_lazily(lm_head, hidden[: len(drafts) + 1], drafts) == \
+            accept_greedy(lm_head(hidden[: len(drafts) + 1]), drafts)
+
+
+def test_side_by_side_alternates_the_order_and_reports_the_median_ratio():
+    calls = []
+
+    def timed(name, seconds_per_prompt, tokens=lambda n: [1, 2, 3, 4]):
+        def decode(prompt):
+            calls.append((name, prompt[0]))
+            return Generation(tokens=tokens(prompt[0]), forwards=3 if name == "target" else 2,
+                              seconds=seconds_per_prompt[prompt[0]])
+        return Decoder(name, decode)
+
+    base = timed("target", [1.0, 1.0, 4.0])  # prompt 2: the machine was busy for the baseline only
+    fast = timed("fast", [0.5, 0.25, 1.0], tokens=lambda n: [1, 2, 3, 4] if n != 1 else [1, 2, 3, 5])
+    rows = side_by_side(base, [fast], [[0], [1], [2]])["fast"]
+    assert calls == [("target", 0), ("fast", 0), ("fast", 1), ("target", 1), ("target", 2), ("fast", 2)]
+    summary = summarize(rows, depth=None)
+    assert summary["speedup"] == 4.0 and summary["speedup_ci95"][0] <= 4.0 <= summary["speedup_ci95"][1]
+    assert summary["tau"] == 9 / 6 and summary["lossless"] is False and summary["mismatched_prompts"] == [1]
+    assert median_ci95(np.array([2.0])) == (2.0, None)
+
+
+def test_auto_picks_the_depth_with_the_most_expected_tokens_per_second():
+    assert expected_tokens([0.5, 0.25, 0.1], 2) == 1.75
+    strong = choose_depth([0.5, 0.25], {1: 1.2, 2: 1.5}, plain_step=1.0)  # 1.25 and 1.17 tokens per step
+    assert strong["depth"] == 1 and strong["expected_speedup"] == pytest.approx(1.5 / 1.2)
+    weak = choose_depth([0.05, 0.01], {1: 1.3, 2: 1.5}, plain_step=1.0)  # no depth pays for its round
+    assert weak["depth"] == 0 and weak["expected_speedup"] == 1.0
+
+
+def test_the_profile_accounts_for_the_whole_round(tiny, regen):
+    head = load_exported(Path(regen[2]))
+    for tree in (None, TreeShape(topk=2, tokens=6)):
+        profile = profile_rounds(tiny.model, head, prompts(tiny)[:2], 16, 3, None, tree)
+        parts = {row["part"]: row["ms_per_round"] for row in profile["parts"]}
+        assert profile["rounds"] > 0 and profile["plain_step_ms"] > 0
+        assert sum(parts.values()) == pytest.approx(profile["round_ms"])
+        assert parts[OVERHEAD] >= 0 and "observe" in parts
+        assert ({"draft step 1", "draft step 3", "verify: target layers"} if tree is None
+                else {"draft tree", "verify: target forward"}) <= parts.keys()
+
+
+def test_evaluate_compare_runs_every_decoder_losslessly(regen, tmp_path, capsys):
+    store, _, head = regen
+    out = tmp_path / "compare.json"
+    assert main(["evaluate", "--model", TINY, "--head", head, "--bench", "mt-bench", "--limit", "2",
+                 "--max-new-tokens", "12", "--depth", "3", "--compare", "--json", str(out)]) == 0
+    result = json.loads(out.read_text())
+    assert list(result["compare"]) == ["prompt-lookup", "chain", "tree", "auto"]
+    assert result["lossless"] is True and all(r["lossless"] for r in result["compare"].values())
+    assert result["auto"]["source"] == "training.json" and 0 <= result["auto"]["depth"] <= 4
+    for r in result["compare"].values():
+        assert r["prompts"] == 2 and r["tau"] >= 1.0 and r["speedup"] > 0
+    table = capsys.readouterr().out
+    assert "| target alone | 1.00 |" in table and "| prompt-lookup |" in table and "| auto (" in table
+
+
+def test_auto_without_an_acceptance_profile_is_one_line(trained, tmp_path, capsys):
+    from tasks.export_head import export
+
+    bare = export(trained[0], tmp_path / "bare", "vllm", verifier=TINY)  # no training.json
+    capsys.readouterr()
+    assert main(["evaluate", "--model", TINY, "--head", str(bare), "--draft", "auto", "--limit", "1"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "acceptance per draft position" in err and "--store" in err, err
