@@ -81,11 +81,11 @@ def main() -> None:
     store = args.store or str(workdir / "bench.zarr")
     if args.head:
         head, record = args.head, json.loads((Path(args.head) / "training.json").read_text())
-        trained = {"out": head, **{k: record[k] for k in ("layers", "steps", "trainable_parameters", "final")}}
+        trained = {"out": head, **{k: record[k] for k in ("layers", "steps", "trainable_parameters", "final") if k in record}}
     else:
         head = str(workdir / "head")
-        extract(model=args.model, corpus="sharegpt", tokens=args.tokens, store=store)
-        trained = train_head(model=args.model, store=store, out=head, preset_name="quick")
+        extract(model=args.model, corpus="sharegpt", tokens=args.tokens, store=store, device=args.device)
+        trained = train_head(model=args.model, store=store, out=head, preset_name="quick", device=args.device)
     topk, tokens = (int(n) for n in args.tree.split("x"))
     results = {"model": args.model, "tokens_in_store": None if args.head else args.tokens, "head": trained,
                "benches": {}}

@@ -13,6 +13,7 @@ from prefect import flow, get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
 from store.access import consolidate
+from store.errors import LayerwaveError
 from store.read import open_activations
 from store.stats_store import open_stats, stats_path
 from tasks.analysis import ANALYSIS, measures_current, set_entropy, set_h2_closed_form, write_measures
@@ -60,7 +61,12 @@ def _dask_client(address: str | None):
         return None
     from distributed import Client
 
-    return Client(address)
+    try:
+        return Client(address, timeout="10s")
+    except (OSError, TimeoutError) as err:
+        raise LayerwaveError(f"cannot reach a Dask scheduler at --dask-address {address} ({err}); start one "
+                             "(`dask scheduler`, then `dask worker ADDRESS`) or leave --dask-address out to "
+                             "compute locally") from None
 
 
 @task(name="compute-measures", cache_policy=NO_CACHE)

@@ -9,7 +9,7 @@ import os
 import sys
 import traceback
 
-from store.errors import LayerwaveError
+from store.errors import LayerwaveError, is_user_error, store_reads
 
 
 def _extract_parser(sub) -> None:
@@ -90,8 +90,9 @@ def _run_analyze(args) -> dict:
 
 
 def _layer_list(text: str) -> list[int]:
+    """"2,15,27" → [2, 15, 27]; an empty entry ("2,,5") is a typo, not a shorter set."""
     try:
-        return [int(part) for part in text.split(",") if part.strip()]
+        return [int(part) for part in text.split(",")]
     except ValueError:
         raise LayerwaveError(f"{text!r} is not a comma-separated list of layer indices, e.g. 2,15,27") from None
 
@@ -189,7 +190,7 @@ def _run_train(args) -> dict:
     layers = _layer_list(args.layers) if args.layers is not None else eagle3_default(n_layers - 1) or []
     recipe = {"warm_start": args.warm_start, "freeze_lm_head": args.freeze_lm_head,
               "lm_head_lr_scale": args.lm_head_lr_scale}  # None keeps the preset's (train_head.preset)
-    check_request(args.store, key, layers, args.preset, args.format, args.ttt_steps, args.epochs, args.device,
+    check_request(args.store, args.model, layers, args.preset, args.format, args.ttt_steps, args.epochs, args.device,
                   **recipe)
     _configure_logging()
     from flows.train import train_head
@@ -434,13 +435,13 @@ def _run_report(args) -> dict:
 
 
 class _NoTracebackForUserErrors(logging.Filter):
-    """Prefect logs a failed run's traceback; for a LayerwaveError the message alone says it all,
-    unless `--debug` asks for it. Bugs (any other exception) always keep their traceback."""
+    """Prefect logs a failed run's traceback; for a user error (a LayerwaveError, a damaged chunk)
+    the message alone says it all, unless `--debug` asks for it. Bugs keep their traceback."""
 
     debug = False  # set by main() for each command, since the filter outlives one command in-process
 
     def filter(self, record: logging.LogRecord) -> bool:
-        if not self.debug and record.exc_info and isinstance(record.exc_info[1], LayerwaveError):
+        if not self.debug and record.exc_info and is_user_error(record.exc_info[1]):
             record.exc_info, record.exc_text = None, None
         return True
 
@@ -480,7 +481,8 @@ def main(argv: list[str] | None = None) -> int:
                "train": _run_train, "evaluate": _run_evaluate, "verify": _run_verify, "models": _run_models, "run": _run_pipeline,
                "sweep": _run_sweep, "report": _run_report}
     try:
-        summary = runners[args.command](args)
+        with store_reads(getattr(args, "store", None)):
+            summary = runners[args.command](args)
     except LayerwaveError as err:
         if debug:
             traceback.print_exc()

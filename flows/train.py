@@ -11,18 +11,20 @@ from prefect.cache_policies import NO_CACHE
 from store.errors import LayerwaveError
 from store.read import open_activations
 from tasks.export_head import FORMATS, export
-from tasks.registry import store_key
+from tasks.registry import check_group_model, store_key
 from tasks.layer_ids import check_layers, eagle3_default
 from tasks.load_model import pick_device
 from tasks.stage_key import current_record, stage_key, write_record
 from tasks.train_head import preset, train
 
 
-def check_request(store: str, model_key: str, layers: list[int], preset_name: str, fmt: str,
+def check_request(store: str, model: str, layers: list[int], preset_name: str, fmt: str,
                   ttt_steps: int | None = None, epochs: int | None = None, device: str = "auto",
                   **recipe) -> None:
     """Bad input fails here, before a flow or any training starts."""
+    model_key = store_key(model)
     ds = open_activations(store, model_key)
+    check_group_model(ds.attrs.get("model", {}), model, store)
     for name in ("target_topk_ids", "target_topk_logprobs", "loss_mask"):
         if name not in ds:
             raise LayerwaveError(f"store {store} has no {name} for {model_key} (labels draft training needs); "
@@ -74,7 +76,7 @@ def train_head(model: str = "smollm2-135m", store: str = "layerwave.zarr", layer
     ds = open_activations(store, key)
     n = ds.sizes["layer"] - 1
     layers = list(layers) if layers is not None else eagle3_default(n) or []
-    check_request(store, key, layers, preset_name, fmt, ttt_steps, epochs, device, **recipe)
+    check_request(store, model, layers, preset_name, fmt, ttt_steps, epochs, device, **recipe)
     out = out or str(Path(store).with_name(Path(store).stem + ".heads") / key / "-".join(map(str, layers)))
     verifier = ds.attrs["model"].get("argument", key)
     record = train_task(store, key, layers, out, preset_name, seed, ttt_steps, fmt, verifier, epochs, device,

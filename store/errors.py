@@ -32,3 +32,31 @@ def store_writes(store: str):
             f"writing to store {store} failed: {reason}; free space on its disk or make it writable, "
             "then re-run the same command to resume (committed shards are kept)"
         ) from err
+
+
+DAMAGED_CHUNK = "Stored and computed checksum do not match"  # zarr's crc32c codec, on a corrupted chunk
+
+
+def is_damaged_chunk(err: BaseException) -> bool:
+    return isinstance(err, ValueError) and DAMAGED_CHUNK in str(err)
+
+
+def is_user_error(err: BaseException) -> bool:
+    """Problems the user fixes, whose message says it all: no traceback unless asked for."""
+    return isinstance(err, LayerwaveError) or is_damaged_chunk(err)
+
+
+@contextmanager
+def store_reads(store: str | None):
+    """Turn a chunk whose checksum fails, met by any command that reads the store, into one line
+    that names the fix (`verify --repair`, then re-extract) instead of a codec traceback."""
+    try:
+        yield
+    except ValueError as err:
+        if not is_damaged_chunk(err):
+            raise
+        option = f" --store {store}" if store else ""
+        raise LayerwaveError(
+            f"{f'store {store}' if store else 'the store'} has a damaged chunk (its checksum does not match); run "
+            f"`layerwave verify{option} --repair`, then the same `layerwave extract` to rewrite the damaged shards"
+        ) from err

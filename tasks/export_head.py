@@ -86,7 +86,12 @@ def load_exported(out: Path, embeddings: torch.Tensor | None = None) -> DraftHea
                    else config["eagle_config"]["eagle_aux_hidden_state_layer_ids"])
     if from_runtime_ids(runtime_ids, fmt) != c.layers:
         raise LayerwaveError(f"{out}: aux layer ids {runtime_ids} do not translate back to {c.layers}")
-    state = {name.replace("layers.0.", "midlayer."): t for name, t in load_file(str(out / "model.safetensors")).items()}
+    try:
+        weights = load_file(str(out / "model.safetensors"))
+    except Exception as err:  # safetensors raises its own error type for a truncated or foreign file
+        raise LayerwaveError(f"{out / 'model.safetensors'} is unreadable ({err}); export the head again "
+                             "(`layerwave train` re-exports a finished head)") from None
+    state = {name.replace("layers.0.", "midlayer."): t for name, t in weights.items()}
     if "embed_tokens.weight" not in state:
         if embeddings is None:
             raise LayerwaveError(f"{out} has no embeddings (SGLang format); pass the target's")

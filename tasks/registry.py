@@ -96,3 +96,14 @@ def store_key(model: str) -> str:
     if not re.fullmatch(r"[A-Za-z0-9._-]+", model):
         raise LayerwaveError(f"--model {model!r} is neither a known model nor a store group name")
     return model
+
+
+def check_group_model(recorded: dict, model: str, store: str) -> None:
+    """Two checkpoints whose folders share a name share a store group (`hf-<name>`): refuse to use
+    one's activations for the other, instead of training on the wrong model's states silently."""
+    argument = recorded.get("argument", "")
+    if not (model.startswith("hf:") and argument.startswith("hf:")):
+        return
+    if os.path.abspath(argument[3:]) != os.path.abspath(model[3:]):
+        raise LayerwaveError(f"store {store}'s group {hf_key(model[3:])} holds activations of {argument}, not "
+                             f"{model}; extract {model} into another --store, or pass --model {argument}")

@@ -125,6 +125,9 @@ def train(store: str, model_key: str, layers: list[int], out: Path, config: Trai
     data = StoreBatches(store, model_key, layers, seq_len=config.seq_len, batch_size=config.batch_size,
                         seed=config.seed, holdout=config.holdout)
     per_epoch = len(data.plan(0))
+    if per_epoch == 0 and not data.loss_mask.any():
+        raise LayerwaveError("no training windows: the store holds no assistant reply to learn from (a prompt-only "
+                             "corpus such as mt-bench?); extract a corpus with replies: sharegpt or regen:DIR")
     if per_epoch == 0:
         raise LayerwaveError("no training windows: the store has no training documents; extract more --tokens")
     total = per_epoch * config.epochs
