@@ -168,6 +168,8 @@ def _train_parser(sub) -> None:
     p.add_argument("--device", default="auto", help="auto (CUDA when present), cpu or cuda")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--format", default="vllm", help="export format: vllm (speculators Eagle3) or sglang")
+    p.add_argument("--verifier", help="the target as vLLM/SGLang should load it, recorded in the export (default: "
+                                      "its Hugging Face id from the registry, else its local checkpoint path)")
     p.add_argument("--out", help="output directory (default: <store>.heads/<model>/<layers>)")
     p.add_argument("--warm-start", action=argparse.BooleanOptionalAction, default=None,
                    help="start the lm_head (draft-vocabulary rows) and final norm from the target's "
@@ -197,7 +199,7 @@ def _run_train(args) -> dict:
 
     summary = train_head(model=args.model, store=args.store, layers=layers, out=args.out, preset_name=args.preset,
                          seed=args.seed, ttt_steps=args.ttt_steps, fmt=args.format,
-                         epochs=args.epochs, device=args.device, **recipe)
+                         epochs=args.epochs, device=args.device, verifier=args.verifier, **recipe)
     print(f"head for layers {summary['layers']} → {summary['out']}: held-out accuracy per TTT step "
           + " ".join(f"{a:.3f}" for a in summary["final"]["accuracy"])
           + " (untrained " + " ".join(f"{a:.3f}" for a in summary["untrained"]["accuracy"]) + "), "

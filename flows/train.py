@@ -10,10 +10,10 @@ from prefect.cache_policies import NO_CACHE
 
 from store.errors import LayerwaveError
 from store.read import open_activations
-from tasks.export_head import FORMATS, export
+from tasks import load_model
+from tasks.export_head import export, runtime_warning, to_runtime_ids
 from tasks.registry import check_group_model, store_key
 from tasks.layer_ids import check_layers, eagle3_default
-from tasks.load_model import pick_device
 from tasks.stage_key import current_record, stage_key, write_record
 from tasks.train_head import preset, train
 
@@ -31,14 +31,13 @@ def check_request(store: str, model: str, layers: list[int], preset_name: str, f
                                  "re-extract with this layerwave")
     check_layers(layers, ds.sizes["layer"])
     preset(preset_name, ttt_steps=ttt_steps, epochs=epochs, **recipe)
-    pick_device(device)
-    if fmt not in FORMATS:
-        raise LayerwaveError(f"unknown --format {fmt!r}; use {' or '.join(FORMATS)}")
+    load_model.pick_device(device)
+    to_runtime_ids(layers, fmt, ds.sizes["layer"] - 1)  # a format the runtime can capture these layers for
 
 
 @task(name="train-draft-head", cache_policy=NO_CACHE)
 def train_task(store: str, model_key: str, layers: list[int], out: str, preset_name: str, seed: int,
-               ttt_steps: int | None, fmt: str, verifier: str, epochs: int | None = None,
+               ttt_steps: int | None, fmt: str, verifier: dict, epochs: int | None = None,
                device: str = "auto", recipe: dict | None = None) -> dict:
     logger = get_run_logger()
     config = preset(preset_name, seed=seed, ttt_steps=ttt_steps, epochs=epochs, **(recipe or {}))
@@ -47,9 +46,11 @@ def train_task(store: str, model_key: str, layers: list[int], out: str, preset_n
     if finished and (Path(out) / "config.json").is_file():  # the record is written after the export
         logger.info("head %s is already trained from these inputs", out)
         return finished
-    head, record = train(store, model_key, layers, Path(out), config, log=logger.info, device=pick_device(device))
+    head, record = train(store, model_key, layers, Path(out), config, log=logger.info,
+                         device=load_model.pick_device(device))
     logger.info("trainable parameters: %d", record["trainable_parameters"])
-    export(head, Path(out), fmt, verifier, speculative_tokens=config.ttt_steps)
+    export(head, Path(out), fmt, verifier["name_or_path"], speculative_tokens=config.ttt_steps,
+           architectures=verifier["architectures"], num_layers=verifier["num_layers"])
     write_record(Path(out) / "training.json", record, key)
     final = record["final"]
     create_table_artifact(
@@ -66,11 +67,12 @@ def train_head(model: str = "smollm2-135m", store: str = "layerwave.zarr", layer
                out: str | None = None, preset_name: str = "quick", seed: int = 0, ttt_steps: int | None = None,
                fmt: str = "vllm", epochs: int | None = None, device: str = "auto",
                warm_start: bool | None = None, freeze_lm_head: bool | None = None,
-               lm_head_lr_scale: float | None = None) -> dict:
+               lm_head_lr_scale: float | None = None, verifier: str | None = None) -> dict:
     """Train an EAGLE-3 head reading `layers` (HF indices) from the store on `device` (auto: CUDA
     when present); export it to `out`. The device is not part of the stage key: a head trained on
     either is the same head up to floating-point rounding. `warm_start`, `freeze_lm_head` and
-    `lm_head_lr_scale` override the preset's recipe (None keeps it)."""
+    `lm_head_lr_scale` override the preset's recipe (None keeps it). `verifier` names the target
+    in the export (default: its Hugging Face id from the registry, else its checkpoint path)."""
     recipe = {"warm_start": warm_start, "freeze_lm_head": freeze_lm_head, "lm_head_lr_scale": lm_head_lr_scale}
     key = store_key(model)
     ds = open_activations(store, key)
@@ -78,8 +80,11 @@ def train_head(model: str = "smollm2-135m", store: str = "layerwave.zarr", layer
     layers = list(layers) if layers is not None else eagle3_default(n) or []
     check_request(store, model, layers, preset_name, fmt, ttt_steps, epochs, device, **recipe)
     out = out or str(Path(store).with_name(Path(store).stem + ".heads") / key / "-".join(map(str, layers)))
-    verifier = ds.attrs["model"].get("argument", key)
-    record = train_task(store, key, layers, out, preset_name, seed, ttt_steps, fmt, verifier, epochs, device,
-                        recipe)
+    target = load_model.verifier(ds.attrs["model"].get("argument", model))
+    if runtime_warning(layers):
+        get_run_logger().warning(runtime_warning(layers))
+    record = train_task(store, key, layers, out, preset_name, seed, ttt_steps, fmt,
+                        {**target, "name_or_path": verifier or target["name_or_path"], "num_layers": n}, epochs,
+                        device, recipe)
     return {"out": out, **{k: record[k] for k in ("layers", "steps", "trainable_parameters", "untrained", "final",
                                                    "tokens_per_s")}}

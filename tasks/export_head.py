@@ -19,15 +19,31 @@ from tasks.draft_head import DraftConfig, DraftHead
 FORMATS = ("vllm", "sglang")
 
 
-def to_runtime_ids(layers: list[int], fmt: str) -> list[int]:
-    """HF hidden_states indices → the runtime's aux layer ids."""
+RUNTIME_AUX_LAYERS = 3  # vLLM's and SGLang's EAGLE-3 drafts size fc for exactly 3 aux layers
+
+
+def to_runtime_ids(layers: list[int], fmt: str, num_layers: int | None = None) -> list[int]:
+    """HF hidden_states indices → the runtime's aux layer ids. Both runtimes capture a state before
+    a decoder layer runs, so the last one, HF index N (the final layer's output), never is; SGLang
+    also cannot capture index 0 (the embedding output)."""
+    if fmt not in FORMATS:
+        raise LayerwaveError(f"unknown --format {fmt!r}; use {' or '.join(FORMATS)}")
+    if num_layers is not None and max(layers) >= num_layers:
+        raise LayerwaveError(f"{fmt} cannot capture HF index {max(layers)} (the output of the last of {num_layers} "
+                             f"decoder layers); choose layers up to {num_layers - 1}")
     if fmt == "vllm":
         return list(layers)
-    if fmt == "sglang":
-        if min(layers) < 1:
-            raise LayerwaveError("SGLang cannot capture the embedding output (HF index 0); choose layers >= 1")
-        return [layer - 1 for layer in layers]
-    raise LayerwaveError(f"unknown --format {fmt!r}; use {' or '.join(FORMATS)}")
+    if min(layers) < 1:
+        raise LayerwaveError("SGLang cannot capture the embedding output (HF index 0); choose layers >= 1")
+    return [layer - 1 for layer in layers]
+
+
+def runtime_warning(layers: list[int]) -> str | None:
+    """One line when vLLM and SGLang could not load the head as exported."""
+    if len(layers) == RUNTIME_AUX_LAYERS:
+        return None
+    return (f"this head reads {len(layers)} layers; vLLM's and SGLang's EAGLE-3 drafts read exactly "
+            f"{RUNTIME_AUX_LAYERS} (their fc input is 3 x hidden), so only layerwave and speculators load it as it is")
 
 
 def from_runtime_ids(ids: list[int], fmt: str) -> list[int]:
@@ -48,10 +64,13 @@ def _layer_config(c: DraftConfig) -> dict:
             "tie_word_embeddings": False, "torch_dtype": "float32"}
 
 
-def export(head: DraftHead, out: Path, fmt: str, verifier: str, speculative_tokens: int = 3) -> Path:
-    """Write `out/config.json` and `out/model.safetensors`; returns `out`."""
+def export(head: DraftHead, out: Path, fmt: str, verifier: str, speculative_tokens: int = 3,
+           architectures: list[str] | None = None, num_layers: int | None = None) -> Path:
+    """Write `out/config.json` and `out/model.safetensors`; returns `out`. `verifier` is the
+    target as the runtime loads it (a Hugging Face id or a local checkpoint path: vLLM serves it
+    and speculators reads its config), `architectures` its config's (default: a Llama)."""
     c = head.config
-    ids = to_runtime_ids(c.layers, fmt)
+    ids = to_runtime_ids(c.layers, fmt, num_layers)
     state = {name: tensor.detach().contiguous() for name, tensor in head.state_dict().items()}
     if fmt == "vllm":
         state = {name.replace("midlayer.", "layers.0."): tensor for name, tensor in state.items()}
@@ -64,7 +83,7 @@ def export(head: DraftHead, out: Path, fmt: str, verifier: str, speculative_toke
                                                                "speculative_tokens": speculative_tokens,
                                                                "verifier_accept_k": 1, "accept_tolerance": 0.0}],
                                          "verifier": {"name_or_path": verifier,
-                                                      "architectures": ["LlamaForCausalLM"]}}}
+                                                      "architectures": architectures or ["LlamaForCausalLM"]}}}
     else:
         state.pop("embed_tokens.weight")  # SGLang takes the target's embeddings
         config = {**_layer_config(c), "architectures": ["LlamaForCausalLMEagle3"],

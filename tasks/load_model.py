@@ -18,7 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM
+from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
 from store.errors import LayerwaveError
 from tasks.registry import ModelSpec, resolve
@@ -88,6 +89,18 @@ def load(model: str, device: str = "auto", dtype: str = "auto") -> LoadedModel:
     net = net.to(torch_device).eval()
     provenance.update(model=model, key=spec.key, description=spec.description)
     return LoadedModel(net, tokenizer, torch_device, provenance)
+
+
+def verifier(model: str) -> dict:
+    """The target as a serving runtime names it in an exported head: its Hugging Face id (the
+    registry's `hf_id`), else the local checkpoint path; and its architectures, from its config."""
+    spec = resolve(model)
+    if spec.source == "random":
+        return {"name_or_path": spec.options.get("hf_id", spec.key), "architectures": ["LlamaForCausalLM"]}
+    path = os.path.abspath(spec.options["path"]) if spec.source == "hf" else str(gguf_checkpoint(spec))
+    config = AutoConfig.from_pretrained(path)
+    return {"name_or_path": spec.options.get("hf_id", path),
+            "architectures": list(config.architectures or [MODEL_FOR_CAUSAL_LM_MAPPING_NAMES[config.model_type]])}
 
 
 def _from_pretrained(path: str, dtype: torch.dtype | None):
