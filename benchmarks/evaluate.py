@@ -12,7 +12,7 @@ and held-out ShareGPT prompts: τ, tokens/s and the median per-prompt speed-up o
 alone with its 95% interval, every output checked token for token against the target's.
 
 The profile times each part of chain rounds (depth `--depth`) and tree rounds on the first bench's
-prompts, in milliseconds and in plain decoding steps, and the target's forward time per number
+first 5 prompts, in milliseconds and in plain decoding steps, and the target's forward time per number
 of tokens verified: a round pays off only when τ exceeds its cost in plain steps. Writes
 benchmarks/out/evaluate.json.
 """
@@ -40,6 +40,9 @@ from tasks.decoders import PROMPT_LOOKUP_TOKENS  # noqa: E402
 from tasks.registry import resolve  # noqa: E402
 from tasks.round_profile import profile_rounds, profile_table  # noqa: E402
 from tasks.tree_decode import TreeShape  # noqa: E402
+
+
+PROFILED_PROMPTS = 5  # the round profile runs on the first bench's first prompts
 
 
 @torch.no_grad()
@@ -96,9 +99,10 @@ def main() -> None:
         results["benches"][bench] = {**result, "compare": {name: {k: v for k, v in r.items() if k != "rows"}
                                                            for name, r in result["compare"].items()}}
         print(comparison_table(result))
+        write(results, args.out)  # each bench as it finishes
     target, drafter = load_pair(args.model, head, args.device)
-    prompts = bench_prompts(args.benches.split(",")[0], target, args.limit, args.max_new_tokens, store,
-                            resolve(args.model).key, head)
+    prompts = bench_prompts(args.benches.split(",")[0], target, min(args.limit, PROFILED_PROMPTS),
+                            args.max_new_tokens, store, resolve(args.model).key, head)
     eos = target.tokenizer.eos_token_id
     results["profile"] = [profile_rounds(target.model, drafter, prompts, args.max_new_tokens, args.depth, eos, shape)
                           for shape in (None, TreeShape(topk, tokens))]
@@ -109,9 +113,13 @@ def main() -> None:
     results["verify_seconds"] = {str(n): s for n, s in seconds.items()}
     print("target forward after 256 cached tokens: " + ", ".join(
         f"{n} token{'s' * (n > 1)} {1000 * s:.0f} ms ({s / seconds[1]:.2f}x)" for n, s in seconds.items()))
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(results, indent=2) + "\n")
+    write(results, args.out)
     print(f"wrote {args.out}")
+
+
+def write(results: dict, out: str) -> None:
+    Path(out).parent.mkdir(parents=True, exist_ok=True)
+    Path(out).write_text(json.dumps(results, indent=2) + "\n")
 
 
 if __name__ == "__main__":
