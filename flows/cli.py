@@ -263,7 +263,9 @@ def _run_evaluate(args) -> dict:
         print(f"{args.bench} ({args.draft}): τ {result['tau']:.2f}, speed-up {_speedup(result)} "
               f"({result['tokens_per_s']:.1f} vs {result['baseline_tokens_per_s']:.1f} tokens/s), "
               f"lossless {result['lossless']}, acceptance per position "
-              + " ".join(f"{p:.2f}" for p in result["per_position"]))
+              + " ".join(f"{p:.2f}" for p in result["per_position"])
+              + (f"; busy machine on prompts {result['contention']['busy_prompts']}"
+                 if result["contention"]["flagged"] else ""))
     return result
 
 
@@ -284,6 +286,12 @@ def comparison_table(result: dict) -> str:
         label = f"auto (depth {auto['depth']})" if name == "auto" and auto.get("depth") else \
             "auto (the target alone)" if name == "auto" else name
         lines.append(f"| {label} | {r['tau']:.2f} | {r['tokens_per_s']:.1f} | {_speedup(r)} | {r['lossless']} |")
+    busy = {name: r["contention"] for name, r in result["compare"].items() if r["contention"]["flagged"]}
+    if busy:
+        bound = next(iter(busy.values()))["bound"]
+        lines.append(f"\nbusy machine: prompts timed {bound}x slower per step than the median, per decoder: "
+                     f"{ {name: c['busy_prompts'] for name, c in busy.items()} }; the median speed-up discounts "
+                     "them, the tokens/s do not")
     return "\n".join(lines)
 
 

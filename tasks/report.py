@@ -91,6 +91,7 @@ def result_rows(candidates: list[dict], evaluations: dict[tuple, list[dict]], be
                          "tau_mean": tau, "tau_ci95": tau_ci, "speedup_mean": speedup, "speedup_ci95": speedup_ci,
                          "seeds": [r["seed"] for r in runs], "tau_per_seed": [r["tau"] for r in runs],
                          "lossless": all(r.get("lossless") is not False for r in runs),
+                         "busy_seeds": [r["seed"] for r in runs if (r.get("contention") or {}).get("flagged")],
                          **{name: candidate[name] for name in SCORES}})
     return rows
 
@@ -176,9 +177,11 @@ def markdown(title: str, facts: dict, plots: list[str], candidates: list[dict], 
     lines += [f"| {c['layers']} | {', '.join(c['methods'])} | " + " | ".join(f"{c[s]:.3f}" for s in SCORES) + " |"
               for c in candidates]
     lines += ["", "## Speculative decoding per set (mean over seeds, ± 95% t interval)", "",
-              "| layers | methods | bench | τ | speed-up | seeds | lossless |", "|---|---|---|---:|---:|---:|---|"]
+              "| layers | methods | bench | τ | speed-up | seeds | lossless | timed on a busy machine |",
+              "|---|---|---|---:|---:|---:|---|---|"]
     lines += [f"| {r['layers']} | {r['method']} | {r['bench']} | {_pm(r['tau_mean'], r['tau_ci95'])} | "
-              f"{_pm(r['speedup_mean'], r['speedup_ci95'])} | {len(r['seeds'])} | {r['lossless']} |"
+              f"{_pm(r['speedup_mean'], r['speedup_ci95'])} | {len(r['seeds'])} | {r['lossless']} | "
+              + (f"seeds {r['busy_seeds']}" if r.get("busy_seeds") else "no") + " |"
               for r in sorted(rows, key=lambda r: (r["bench"], -r["tau_mean"]))]
     lines += ["", "## How well each selection score predicts τ (Spearman ρ across sets, permutation p)", "",
               "| bench | " + " | ".join(SCORES) + " |", "|---|" + "---:|" * len(SCORES)]

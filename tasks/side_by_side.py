@@ -41,6 +41,21 @@ def side_by_side(baseline: Decoder, decoders: list[Decoder], prompts: list[list[
     return rows
 
 
+CONTENTION_BOUND = 1.5  # a prompt this many times slower per step than the run's median ran beside other work
+
+
+def contention(rows: list[dict], bound: float = CONTENTION_BOUND) -> dict:
+    """Prompts timed while something else loaded the machine: on either side, the time per target
+    forward (the baseline's per token; the decoder's per round, prefill counted as one) exceeds
+    `bound` times that side's median over the run. Prompt lengths and acceptance move these by
+    far less than a second job on the same cores does (`pip install` beside one prompt: 2.2x)."""
+    baseline = np.array([r["baseline_seconds"] / max(r["baseline_tokens"], 1) for r in rows])
+    decoder = np.array([r["seconds"] / (r["forwards"] + 1) for r in rows])
+    busy = [r["prompt"] for r, b, d in zip(rows, baseline, decoder)
+            if b > bound * np.median(baseline) or d > bound * np.median(decoder)]
+    return {"bound": bound, "busy_prompts": busy, "flagged": bool(busy)}
+
+
 def speedup_ratios(rows: list[dict]) -> np.ndarray:
     """Per prompt: the baseline's seconds per token over the decoder's."""
     return np.array([(r["baseline_seconds"] / max(r["baseline_tokens"], 1)) / (r["seconds"] / max(r["tokens"], 1))
@@ -58,7 +73,8 @@ def median_ci95(values: np.ndarray, seed: int = 0, resamples: int = 2000) -> tup
 
 def summarize(rows: list[dict], depth: int | None, sampled: bool = False) -> dict:
     """τ (tokens per target forward after the prefill), acceptance per draft position, tokens/s of
-    both sides, the median per-prompt speed-up with its interval, and losslessness. Sampled
+    both sides, the median per-prompt speed-up with its interval, prompts timed on a busy
+    machine (`contention`), and losslessness. Sampled
     outputs differ from a sampled baseline by chance, so `lossless` (token-for-token identity) is
     only defined, and checked, for greedy decoding."""
     rounds = [a for row in rows for a in row["accepted"]]
@@ -72,4 +88,4 @@ def summarize(rows: list[dict], depth: int | None, sampled: bool = False) -> dic
             "baseline_tokens_per_s": baseline_tokens / sum(r["baseline_seconds"] for r in rows),
             "speedup": speedup, "speedup_ci95": interval,
             "lossless": None if sampled else not mismatches, "mismatched_prompts": [] if sampled else mismatches,
-            "prompts": len(rows), "tokens": tokens, "depth": depth, "rows": rows}
+            "prompts": len(rows), "tokens": tokens, "depth": depth, "contention": contention(rows), "rows": rows}

@@ -14,7 +14,7 @@ from flows.cli import main
 from tasks.draft_auto import choose_depth, expected_tokens
 from tasks.export_head import load_exported
 from tasks.round_profile import OVERHEAD, profile_rounds
-from tasks.side_by_side import Decoder, median_ci95, side_by_side, summarize
+from tasks.side_by_side import Decoder, contention, median_ci95, side_by_side, summarize
 from tasks.spec_decode import Generation, accept_greedy, accept_greedy_lazily, plain_generate
 from tasks.tree_decode import TreeShape
 from tests.conftest import TINY
@@ -108,3 +108,22 @@ def test_auto_without_an_acceptance_profile_is_one_line(trained, tmp_path, capsy
     assert main(["evaluate", "--model", TINY, "--head", str(bare), "--draft", "auto", "--limit", "1"]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "acceptance per draft position" in err and "--store" in err, err
+
+
+# Per-prompt (τ, seconds, plain seconds) of real runs, 5 MT-Bench prompts × 64 tokens each: the
+# quick start's first evaluation, with `pip install` running beside prompt 2's speculative
+# decoding, and its second, on the otherwise idle machine (commit d7ba458, SmolLM2-135M).
+BUSY_RUN = [(1.17, 6.66, 5.01), (1.12, 13.33, 4.58), (1.26, 6.16, 5.48), (1.26, 5.91, 5.16), (1.26, 5.52, 4.36)]
+IDLE_RUN = [(1.09, 6.18, 4.60), (1.15, 5.94, 4.28), (1.24, 6.08, 4.32), (1.17, 7.24, 4.67), (1.15, 6.07, 4.68)]
+
+
+def rows_of(timings, tokens: int = 64) -> list[dict]:
+    return [{"prompt": i, "tokens": tokens, "forwards": round((tokens - 1) / tau), "seconds": seconds,
+             "baseline_tokens": tokens, "baseline_seconds": plain} for i, (tau, seconds, plain) in enumerate(timings)]
+
+
+def test_the_contention_guard_flags_the_prompt_timed_beside_other_work():
+    assert contention(rows_of(BUSY_RUN)) == {"bound": 1.5, "busy_prompts": [1], "flagged": True}
+    assert contention(rows_of(IDLE_RUN)) == {"bound": 1.5, "busy_prompts": [], "flagged": False}
+    baseline_hit = [(tau, seconds, plain * (3 if i == 4 else 1)) for i, (tau, seconds, plain) in enumerate(IDLE_RUN)]
+    assert contention(rows_of(baseline_hit))["busy_prompts"] == [4]
