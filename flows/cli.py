@@ -9,7 +9,7 @@ import os
 import sys
 import traceback
 
-from store.errors import LayerwaveError, is_user_error, store_reads
+from store.errors import LayerwaveError, is_user_error
 
 
 def _extract_parser(sub) -> None:
@@ -491,6 +491,8 @@ def main(argv: list[str] | None = None) -> int:
                "train": _run_train, "evaluate": _run_evaluate, "verify": _run_verify, "models": _run_models, "run": _run_pipeline,
                "sweep": _run_sweep, "report": _run_report}
     try:
+        from store.verify import store_reads
+
         with store_reads(getattr(args, "store", None)):
             summary = runners[args.command](args)
     except LayerwaveError as err:

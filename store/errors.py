@@ -44,19 +44,3 @@ def is_damaged_chunk(err: BaseException) -> bool:
 def is_user_error(err: BaseException) -> bool:
     """Problems the user fixes, whose message says it all: no traceback unless asked for."""
     return isinstance(err, LayerwaveError) or is_damaged_chunk(err)
-
-
-@contextmanager
-def store_reads(store: str | None):
-    """Turn a chunk whose checksum fails, met by any command that reads the store, into one line
-    that names the fix (`verify --repair`, then re-extract) instead of a codec traceback."""
-    try:
-        yield
-    except ValueError as err:
-        if not is_damaged_chunk(err):
-            raise
-        option = f" --store {store}" if store else ""
-        raise LayerwaveError(
-            f"{f'store {store}' if store else 'the store'} has a damaged chunk (its checksum does not match); run "
-            f"`layerwave verify{option} --repair`, then the same `layerwave extract` to rewrite the damaged shards"
-        ) from err

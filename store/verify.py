@@ -4,6 +4,7 @@ per-token arrays consistent, and which shards are still missing."""
 from __future__ import annotations
 
 import shlex
+from contextlib import contextmanager
 
 import numpy as np
 import zarr
@@ -11,7 +12,7 @@ import zarr
 from store import commit, schema
 from store.access import check_schema
 from store.dtypes import decode
-from store.errors import LayerwaveError, store_writes
+from store.errors import LayerwaveError, is_damaged_chunk, store_writes
 from store.layout import Layout
 
 SHARD_ARRAYS = (schema.HIDDEN_STATES, schema.ENTROPY, schema.TOPK_IDS, schema.TOPK_LOGPROBS)
@@ -119,3 +120,30 @@ def verify(store: str, model: str | None = None, repair: bool = False) -> tuple[
         if bad or any("not committed" in p for p in problems):
             lines.append(f"  {extract_command(store, key)}")
     return sound, lines
+
+
+def first_damage(store: str) -> str | None:
+    """The first unreadable array shard of any model in `store`, as `verify` reports it."""
+    for key in model_keys(store):
+        for problem in verify_model(store, key)[0]:
+            if "is unreadable" in problem:
+                return problem.split(" is unreadable")[0]
+    return None
+
+
+@contextmanager
+def store_reads(store: str | None):
+    """Turn a chunk whose checksum fails, met by any command that reads the store, into one line
+    naming the damaged array and shard (found by scanning the store as `verify` does) and the fix,
+    instead of a codec traceback."""
+    try:
+        yield
+    except ValueError as err:
+        if not is_damaged_chunk(err):
+            raise
+        where = (first_damage(store) if store else None) or "a chunk"
+        option = f" --store {store}" if store else ""
+        raise LayerwaveError(
+            f"{f'store {store}' if store else 'the store'}: {where} is damaged (its checksum does not match); run "
+            f"`layerwave verify{option} --repair`, then the `layerwave extract` command it prints, to rewrite it"
+        ) from err

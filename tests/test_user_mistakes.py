@@ -39,15 +39,15 @@ def test_a_damaged_chunk_met_by_train_is_one_line(capsys, tmp_path, training_sto
     shutil.copytree(training_store, store)
     corrupt_one_chunk(store)
     line = refused(capsys, ["train", "--model", TINY, "--store", str(store), "--layers", "2,4,6", "--preset", "smoke",
-                            "--out", str(tmp_path / "head")], "has a damaged chunk")
-    assert f"layerwave verify --store {store} --repair" in line
+                            "--out", str(tmp_path / "head")], f"{TINY}: hidden_states shard ")
+    assert "is damaged (its checksum does not match)" in line and f"layerwave verify --store {store} --repair" in line
 
 
 def test_a_damaged_chunk_met_by_analyze_is_one_line(capsys, tmp_path, corpus):
     store = tmp_path / "damaged.zarr"
     extract(**extract_options(store, corpus, tokens=300))
     corrupt_one_chunk(store)
-    refused(capsys, ["analyze", "--model", TINY, "--store", str(store)], "has a damaged chunk")
+    refused(capsys, ["analyze", "--model", TINY, "--store", str(store)], f"{TINY}: hidden_states shard ")
 
 
 def test_a_truncated_head_is_one_line(capsys, tmp_path, trained):
