@@ -53,6 +53,9 @@ def extract(
         logger.info("%s: %d tokens in %d shards, %d already committed, %d to extract%s (storage %s)",
                     key, plan["n_tokens"], plan["n_shards"], plan["committed"], len(pending),
                     f" as part {part}" if count > 1 else "", plan["storage_dtype"])
+        if plan["n_tokens"] < tokens:
+            logger.warning("corpus %s holds only %d tokens (within --max-length %d), fewer than --tokens %d: "
+                           "extracting all of them", corpus, plan["n_tokens"], max_length, tokens)
         artifact = create_progress_artifact(progress=100.0 * plan["committed"] / plan["n_shards"],
                                             description=f"layerwave extract {key} → {store}")
         started, written, done = time.perf_counter(), 0, plan["committed"]

@@ -69,9 +69,14 @@ def test_an_unreachable_dask_scheduler_is_one_line(capsys, tmp_path, corpus):
             "cannot reach a Dask scheduler at --dask-address tcp://127.0.0.1:9")
 
 
-def test_a_prompt_only_corpus_cannot_train(capsys, tmp_path):
+def test_a_prompt_only_corpus_cannot_train_and_a_budget_beyond_the_corpus_is_stated(capsys, tmp_path):
     store = tmp_path / "prompts.zarr"
-    extract(**extract_options(store, "mt-bench", tokens=2000))
+    argv = ["extract"]
+    for name, value in extract_options(store, "mt-bench", tokens=10**6).items():
+        argv += [f"--{name.replace('_', '-')}", str(value)]
+    capsys.readouterr()
+    assert main(argv) == 0
+    assert "corpus mt-bench holds only" in capsys.readouterr().err
     line = refused(capsys, ["train", "--model", TINY, "--store", str(store), "--layers", "2,4,6",
                             "--preset", "smoke", "--out", str(tmp_path / "head")], "no assistant reply to learn from")
     assert "more --tokens" not in line
