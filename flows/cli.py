@@ -467,10 +467,17 @@ def _configure_logging() -> None:
         handler.addFilter(_USER_ERROR_FILTER)
 
 
+class _OneLineParser(argparse.ArgumentParser):
+    """argparse's own refusals (a non-number, an unknown option, a missing one) as one line too."""
+
+    def error(self, message: str):
+        self.exit(2, f"layerwave: error: {self.prog}: {message}; see `{self.prog} --help`\n")
+
+
 def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     os.environ.setdefault("DO_NOT_TRACK", "1")
-    parser = argparse.ArgumentParser(prog="layerwave", description=__doc__)
+    parser = _OneLineParser(prog="layerwave", description=__doc__)
     debug_help = "show the full traceback of any error (user errors print one line without it)"
     parser.add_argument("--debug", action="store_true", help=debug_help)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -485,7 +492,10 @@ def main(argv: list[str] | None = None) -> int:
     _pipeline_parser(sub)
     for command in sub.choices.values():  # --debug also after the command; SUPPRESS keeps the main one
         command.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=debug_help)
-    args = parser.parse_args(argv)
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as done:  # --help (0) or a refused command line (2, one line printed)
+        return int(done.code or 0)
     debug = _NoTracebackForUserErrors.debug = vars(args).pop("debug")  # runners see only their own options
     runners = {"generate": _run_generate, "extract": _run_extract, "analyze": _run_analyze, "select": _run_select,
                "train": _run_train, "evaluate": _run_evaluate, "verify": _run_verify, "models": _run_models, "run": _run_pipeline,
