@@ -15,7 +15,8 @@ from store.read import open_activations
 from tasks import load_model
 from tasks.export_head import load_exported
 from tasks.offline_tau import offline_tau
-from tasks.prompts import checked_prompts, encode_prompts, first_turns, heldout_prompts, used_records
+from tasks.prompts import (checked_prompts, encode_prompts, first_turns, fitting_prompts, heldout_prompts,
+                           used_records)
 from tasks.registry import resolve, store_key
 from tasks.decoders import COMPARED, DRAFTS, auto_plan, baseline, decoder, depth_of
 from tasks.draft_auto import acceptance_profile
@@ -70,11 +71,14 @@ def check_request(model: str, head_dir: str, bench: str, limit: int | None, max_
 def bench_prompts(bench: str, target, limit: int | None, max_new_tokens: int, store: str | None, model_key: str,
                   head_dir: str) -> list[list[int]]:
     """Prompt token ids of a benchmark: chat-templated first turns (ShareGPT ones not in `store`'s
-    training data), or `heldout`: the exact prompts of the head's held-out documents in `store`."""
+    training data, skipping those too long for the context), or `heldout`: the exact prompts of the
+    head's held-out documents in `store`."""
     max_positions = target.model.config.max_position_embeddings
+    if bench == "sharegpt":  # a sample: prompts too long for the context are skipped
+        turns = first_turns(bench, None, exclude=used_records(store, model_key))
+        return fitting_prompts(target.tokenizer, turns, max_positions, max_new_tokens, limit)
     if bench != "heldout":
-        turns = first_turns(bench, limit, exclude=used_records(store, model_key))
-        return encode_prompts(target.tokenizer, turns, max_positions, max_new_tokens)
+        return encode_prompts(target.tokenizer, first_turns(bench, limit), max_positions, max_new_tokens)
     seed, holdout, _ = training_split(head_dir)
     return checked_prompts(heldout_prompts(store, model_key, seed, holdout, limit, target.tokenizer.eos_token_id,
                                            max_new_tokens), max_positions, max_new_tokens)

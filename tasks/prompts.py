@@ -49,12 +49,29 @@ def used_records(store: str | None, model_key: str) -> set[int]:
     return set(used) if spec == "sharegpt" else set()
 
 
+def encode_turn(tokenizer, turn: str) -> list[int]:
+    """One user turn, chat-templated with the generation prompt."""
+    return list(tokenizer.apply_chat_template([{"role": "user", "content": turn}], add_generation_prompt=True,
+                                              tokenize=True, return_dict=True)["input_ids"])
+
+
 def encode_prompts(tokenizer, turns: list[str], max_positions: int, max_new_tokens: int) -> list[list[int]]:
     """Chat-template each turn with the generation prompt; refuse prompts that leave no room."""
-    return checked_prompts([list(tokenizer.apply_chat_template([{"role": "user", "content": turn}],
-                                                               add_generation_prompt=True, tokenize=True,
-                                                               return_dict=True)["input_ids"]) for turn in turns],
-                           max_positions, max_new_tokens)
+    return checked_prompts([encode_turn(tokenizer, turn) for turn in turns], max_positions, max_new_tokens)
+
+
+def fitting_prompts(tokenizer, turns: list[str], max_positions: int, max_new_tokens: int,
+                    limit: int | None) -> list[list[int]]:
+    """The first `limit` turns, in order, that leave room for `max_new_tokens`: a sample of
+    ShareGPT holds prompts longer than a small model's context, which a sample may skip."""
+    prompts = []
+    for turn in turns:
+        if limit is not None and len(prompts) >= limit:
+            break
+        ids = encode_turn(tokenizer, turn)
+        if len(ids) + max_new_tokens <= max_positions:
+            prompts.append(ids)
+    return checked_prompts(prompts, max_positions, max_new_tokens)
 
 
 def checked_prompts(prompts: list[list[int]], max_positions: int, max_new_tokens: int) -> list[list[int]]:
