@@ -28,8 +28,14 @@ def baseline(target, max_new_tokens: int, eos: int | None, temperature: float) -
 def auto_plan(target, head, prompt: list[int], per_position: list[float], eos: int | None,
               max_new_tokens: int) -> dict:
     """Measure this device's round cost at every depth the acceptance profile covers and the plain
-    step on `prompt`, then choose (tasks/draft_auto.py)."""
-    seconds = {depth: round_seconds(target, head, prompt, depth, eos) for depth in range(1, len(per_position) + 1)}
+    step on `prompt`, then choose (tasks/draft_auto.py). One untimed pass first (the first rounds
+    pay for allocation and kernel selection), then the depths timed up and down again, so slow
+    drift of the machine weighs on every depth alike."""
+    depths = list(range(1, len(per_position) + 1))
+    round_seconds(target, head, prompt, depths[-1], eos)
+    seconds = {depth: 0.0 for depth in depths}
+    for depth in depths + depths[::-1]:
+        seconds[depth] += round_seconds(target, head, prompt, depth, eos) / 2
     return choose_depth(per_position, seconds, plain_step_seconds(target, [prompt], max_new_tokens, eos))
 
 
