@@ -41,18 +41,20 @@ def side_by_side(baseline: Decoder, decoders: list[Decoder], prompts: list[list[
     return rows
 
 
-CONTENTION_BOUND = 1.5  # a prompt this many times slower per step than the run's median ran beside other work
+CONTENTION_BOUND = 1.5  # a prompt whose relative step cost is this far from the run's median ran beside other work
 
 
 def contention(rows: list[dict], bound: float = CONTENTION_BOUND) -> dict:
-    """Prompts timed while something else loaded the machine: on either side, the time per target
-    forward (the baseline's per token; the decoder's per round, prefill counted as one) exceeds
-    `bound` times that side's median over the run. Prompt lengths and acceptance move these by
-    far less than a second job on the same cores does (`pip install` beside one prompt: 2.2x)."""
-    baseline = np.array([r["baseline_seconds"] / max(r["baseline_tokens"], 1) for r in rows])
-    decoder = np.array([r["seconds"] / (r["forwards"] + 1) for r in rows])
-    busy = [r["prompt"] for r, b, d in zip(rows, baseline, decoder)
-            if b > bound * np.median(baseline) or d > bound * np.median(decoder)]
+    """Prompts timed while something else loaded the machine. Per prompt, the decoder's time per
+    target forward (prefill counted as one) over the baseline's time per token, both measured back
+    to back on that prompt, so prompt length and context cancel: a round's cost in plain steps.
+    A prompt where it lies beyond `bound` times the run's median, or below the median over
+    `bound`, had one side slowed by other work (`pip install` beside one prompt: 2.1x). Prompt
+    lookup drafts a varying number of tokens per forward, so its cost varies more by itself."""
+    cost = np.array([(r["seconds"] / (r["forwards"] + 1)) / (r["baseline_seconds"] / max(r["baseline_tokens"], 1))
+                     for r in rows])
+    median = np.median(cost)
+    busy = [r["prompt"] for r, c in zip(rows, cost) if c > bound * median or c < median / bound]
     return {"bound": bound, "busy_prompts": busy, "flagged": bool(busy)}
 
 
