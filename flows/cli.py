@@ -90,7 +90,10 @@ def _run_analyze(args) -> dict:
 
 
 def _layer_list(text: str) -> list[int]:
-    """"2,15,27" → [2, 15, 27]; an empty entry ("2,,5") is a typo, not a shorter set."""
+    """"2,15,27" → [2, 15, 27]; an empty entry ("2,,5") is a typo, not a shorter set ("" is the
+    empty set, which the checks refuse as such)."""
+    if not text.strip():
+        return []
     try:
         return [int(part) for part in text.split(",")]
     except ValueError:

@@ -8,6 +8,8 @@ shards s with s mod n = i − 1, whole shards only, and whichever part finishes 
 from __future__ import annotations
 
 import time
+
+import numpy as np
 from collections import deque
 
 from prefect import flow, get_run_logger
@@ -15,7 +17,7 @@ from prefect.artifacts import create_progress_artifact, update_progress_artifact
 
 from store.errors import LayerwaveError
 from store.lock import WHOLE, setup_lock, writer_lock
-from tasks.extract import (ExtractRequest, all_committed, check_request, extract_shard, finalize_store,
+from tasks.extract import (ExtractRequest, check_request, committed_shards, extract_shard, finalize_store,
                            prepare_store)
 
 
@@ -58,18 +60,23 @@ def extract(
                            "extracting all of them", corpus, plan["n_tokens"], max_length, tokens)
         artifact = create_progress_artifact(progress=100.0 * plan["committed"] / plan["n_shards"],
                                             description=f"layerwave extract {key} → {store}")
-        started, written, done = time.perf_counter(), 0, plan["committed"]
+        started, written, done, wrote = time.perf_counter(), 0, plan["committed"], []
         for result in _windowed(lambda shard: extract_shard.submit(store, key, shard, device), pending, workers):
             done, written = done + 1, written + result["tokens"]
+            wrote += [] if result["skipped"] else [result["shard"]]
             rate = written / max(time.perf_counter() - started, 1e-9)
             eta = (plan["n_tokens"] * (1 - done / plan["n_shards"])) / max(rate, 1e-9)
             logger.info("shard %d done (%d/%d), %.0f tokens/s, ~%.0f s left", result["shard"], done,
                         plan["n_shards"], rate, eta)
             update_progress_artifact(artifact, progress=100.0 * done / plan["n_shards"])
         with setup_lock(store, key):
-            complete = all_committed(store, key)
-            summary = {**(finalize_store(store, key) if complete else plan), "complete": complete}
-    summary.update(tokens_written=written, seconds=round(time.perf_counter() - started, 3))
+            flags = committed_shards(store, key)
+            complete = bool(flags.all())
+            now = {"committed": int(flags.sum()), "pending": [int(s) for s in np.flatnonzero(~flags)]}
+            summary = {**(finalize_store(store, key) if complete else {**plan, **now}), "complete": complete}
+    # what this run (this part) wrote, beside the store's state after it
+    summary.update(part=part or "1/1", shards_written=wrote, tokens_requested=tokens, tokens_written=written,
+                   seconds=round(time.perf_counter() - started, 3))
     if complete:
         logger.info("%s complete: %d tokens in %s (group %s/activations)", key, summary["n_tokens"], store, key)
     else:

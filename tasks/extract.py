@@ -203,8 +203,9 @@ def extract_shard(store: str, key: str, shard: int, device: str = "auto") -> dic
     return {"shard": shard, "tokens": stop - start, "seconds": time.perf_counter() - started, "skipped": False}
 
 
-def all_committed(store: str, key: str) -> bool:
-    return bool(commit.committed(open_activations_group(store, key)).all())
+def committed_shards(store: str, key: str) -> np.ndarray:
+    """One flag per shard: committed (written in full) or not."""
+    return commit.committed(open_activations_group(store, key))
 
 
 @task(name="finalize-store", cache_policy=NO_CACHE)

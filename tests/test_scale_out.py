@@ -23,6 +23,18 @@ def test_two_parts_running_together_fill_one_store(tmp_path, corpus, prefect_api
     assert_identical_stores(str(tmp_path / "single.zarr"), str(shared), f"{TINY}/activations")
 
 
+def test_a_parts_summary_says_what_it_wrote_and_what_is_left(tmp_path, corpus, prefect_api):
+    store = tmp_path / "parts.zarr"
+    options = extract_options(store, corpus, tokens=3000, batch_tokens=256)
+    first = extract(**options, part="1/2")
+    assert first["part"] == "1/2" and not first["complete"]
+    assert first["shards_written"] == list(range(0, first["n_shards"], 2))
+    assert first["pending"] == list(range(1, first["n_shards"], 2))
+    assert first["committed"] == len(first["shards_written"])
+    second = extract(**options, part="2/2")
+    assert second["complete"] and second["shards_written"] == first["pending"]
+
+
 def test_a_whole_run_is_refused_while_parts_write(tmp_path, corpus, prefect_api):
     store = str(tmp_path / "busy.zarr")
     with writer_lock(store, TINY, parse_part("1/2")):
