@@ -103,8 +103,10 @@ def main() -> None:
     prompts = bench_prompts(args.benches.split(",")[0], target, min(args.limit, PROFILED_PROMPTS),
                             args.max_new_tokens, store, resolve(args.model).key, head)
     eos = target.tokenizer.eos_token_id
-    results["profile"] = [profile_rounds(target.model, drafter, prompts, args.max_new_tokens, args.depth, eos, shape)
-                          for shape in (None, TreeShape(topk, tokens))]
+    chain = profile_rounds(target.model, drafter, prompts, args.max_new_tokens, args.depth, eos)
+    tree = profile_rounds(target.model, drafter, prompts, args.max_new_tokens, args.depth, eos,
+                          TreeShape(topk, tokens), plain_step=chain["plain_step_ms"] / 1000)
+    results["profile"] = [chain, tree]
     for profile in results["profile"]:
         print(profile_table(profile))
     sizes = sorted({1, args.depth + 1, tokens + 1, PROMPT_LOOKUP_TOKENS + 1})

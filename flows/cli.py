@@ -292,9 +292,10 @@ def comparison_table(result: dict) -> str:
     busy = {name: r["contention"] for name, r in result["compare"].items() if r["contention"]["flagged"]}
     if busy:
         bound = next(iter(busy.values()))["bound"]
-        lines.append(f"\nbusy machine: prompts timed {bound}x slower per step than the median, per decoder: "
-                     f"{ {name: c['busy_prompts'] for name, c in busy.items()} }; the median speed-up discounts "
-                     "them, the tokens/s do not")
+        lines.append(f"\nbusy machine: prompts whose cost per step, relative to the target alone on the same prompt, "
+                     f"lies beyond {bound}x of the run's median: "
+                     + "; ".join(f"{name} {c['busy_prompts']}" for name, c in busy.items())
+                     + " (the median speed-up discounts them, the tokens/s do not)")
     return "\n".join(lines)
 
 

@@ -18,8 +18,8 @@ from tasks.offline_tau import offline_tau
 from tasks.prompts import (checked_prompts, encode_prompts, first_turns, fitting_prompts, heldout_prompts,
                            used_records)
 from tasks.registry import resolve, store_key
-from tasks.decoders import COMPARED, DRAFTS, auto_plan, baseline, decoder, depth_of
-from tasks.draft_auto import acceptance_profile
+from tasks.decoders import COMPARED, DRAFTS, baseline, decoder, depth_of
+from tasks.draft_auto import acceptance_profile, auto_plan
 from tasks.side_by_side import side_by_side, summarize
 from tasks.spec_decode import for_drafting, plain_generate
 from tasks.train_data import StoreBatches
@@ -183,7 +183,8 @@ def evaluate_offline(model: str = "smollm2-135m", head: str = "", store: str = "
     key = store_key(model)
     ds = open_activations(store, key)
     target, drafter = load_pair(model, head, "cpu")
-    result = offline_tau(drafter, heldout_data(drafter, head, store, key), depth, target.tokenizer.eos_token_id, max_new_tokens, first_turn_only, limit)
+    result = offline_tau(drafter, heldout_data(drafter, head, store, key), depth, target.tokenizer.eos_token_id,
+                         max_new_tokens, first_turn_only, limit)
     corpus = ds.attrs.get("corpus", {}).get("spec", "")
     if not corpus.startswith("regen:"):
         logger.warning("store %s was extracted from %s, not from the target's own replies (regen:DIR): "

@@ -63,7 +63,8 @@ def extract(
         started, written, done, wrote = time.perf_counter(), 0, plan["committed"], []
         for result in _windowed(lambda shard: extract_shard.submit(store, key, shard, device), pending, workers):
             done, written = done + 1, written + result["tokens"]
-            wrote += [] if result["skipped"] else [result["shard"]]
+            if not result["skipped"]:
+                wrote.append(result["shard"])
             rate = written / max(time.perf_counter() - started, 1e-9)
             eta = (plan["n_tokens"] * (1 - done / plan["n_shards"])) / max(rate, 1e-9)
             logger.info("shard %d done (%d/%d), %.0f tokens/s, ~%.0f s left", result["shard"], done,

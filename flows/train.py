@@ -41,7 +41,8 @@ def train_task(store: str, model_key: str, layers: list[int], out: str, preset_n
                device: str = "auto", recipe: dict | None = None) -> dict:
     logger = get_run_logger()
     config = preset(preset_name, seed=seed, ttt_steps=ttt_steps, epochs=epochs, **(recipe or {}))
-    key = stage_key(open_activations(store, model_key).attrs["plan_hash"], layers, config, fmt, verifier)
+    ds = open_activations(store, model_key)
+    key = stage_key(ds.attrs["plan_hash"], layers, config, fmt, verifier)
     finished = current_record(Path(out) / "training.json", key)
     if finished and (Path(out) / "config.json").is_file():  # the record is written after the export
         logger.info("head %s is already trained from these inputs", out)
@@ -50,7 +51,7 @@ def train_task(store: str, model_key: str, layers: list[int], out: str, preset_n
                          device=load_model.pick_device(device))
     logger.info("trainable parameters: %d", record["trainable_parameters"])
     export(head, Path(out), fmt, verifier["name_or_path"], speculative_tokens=config.ttt_steps,
-           architectures=verifier["architectures"], num_layers=verifier["num_layers"])
+           architectures=verifier["architectures"], num_layers=ds.sizes["layer"] - 1)
     write_record(Path(out) / "training.json", record, key)
     final = record["final"]
     create_table_artifact(
@@ -81,10 +82,10 @@ def train_head(model: str = "smollm2-135m", store: str = "layerwave.zarr", layer
     check_request(store, model, layers, preset_name, fmt, ttt_steps, epochs, device, **recipe)
     out = out or str(Path(store).with_name(Path(store).stem + ".heads") / key / "-".join(map(str, layers)))
     target = load_model.verifier(ds.attrs["model"].get("argument", model))
-    if runtime_warning(layers):
-        get_run_logger().warning(runtime_warning(layers))
+    warning = runtime_warning(layers)
+    if warning:
+        get_run_logger().warning(warning)
     record = train_task(store, key, layers, out, preset_name, seed, ttt_steps, fmt,
-                        {**target, "name_or_path": verifier or target["name_or_path"], "num_layers": n}, epochs,
-                        device, recipe)
+                        {**target, "name_or_path": verifier or target["name_or_path"]}, epochs, device, recipe)
     return {"out": out, **{k: record[k] for k in ("layers", "steps", "trainable_parameters", "untrained", "final",
                                                    "tokens_per_s")}}

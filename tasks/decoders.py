@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import torch
 
-from tasks.draft_auto import choose_depth, round_seconds
-from tasks.round_profile import plain_step_seconds
 from tasks.side_by_side import Decoder
 from tasks.spec_decode import HeadDrafter, plain_generate, speculative_generate
 from tasks.tree_decode import TreeShape
@@ -23,20 +21,6 @@ PROMPT_LOOKUP_TOKENS = 10  # draft tokens per lookup (the value Hugging Face's d
 
 def baseline(target, max_new_tokens: int, eos: int | None, temperature: float) -> Decoder:
     return Decoder("target", lambda prompt: plain_generate(target, prompt, max_new_tokens, eos, temperature))
-
-
-def auto_plan(target, head, prompt: list[int], per_position: list[float], eos: int | None,
-              max_new_tokens: int) -> dict:
-    """Measure this device's round cost at every depth the acceptance profile covers and the plain
-    step on `prompt`, then choose (tasks/draft_auto.py). One untimed pass first (the first rounds
-    pay for allocation and kernel selection), then the depths timed up and down again, so slow
-    drift of the machine weighs on every depth alike."""
-    depths = list(range(1, len(per_position) + 1))
-    round_seconds(target, head, prompt, depths[-1], eos)
-    seconds = {depth: 0.0 for depth in depths}
-    for depth in depths + depths[::-1]:
-        seconds[depth] += round_seconds(target, head, prompt, depth, eos) / 2
-    return choose_depth(per_position, seconds, plain_step_seconds(target, [prompt], max_new_tokens, eos))
 
 
 def decoder(name: str, target, head, *, max_new_tokens: int, depth: int, eos: int | None, temperature: float,

@@ -14,6 +14,7 @@ import json
 from pathlib import Path
 
 from store.errors import LayerwaveError
+from tasks.round_profile import plain_step_seconds
 from tasks.spec_decode import HeadDrafter, speculative_generate
 from tasks.stopwatch import Stopwatch
 
@@ -49,6 +50,20 @@ def choose_depth(per_position: list[float], seconds_per_round: dict[int, float],
     return {"depth": best, "expected_tokens_per_s": {str(d): r for d, r in rates.items()},
             "expected_speedup": rates[best] * plain_step, "per_position": per_position,
             "round_seconds": {str(d): s for d, s in seconds_per_round.items()}, "plain_step_seconds": plain_step}
+
+
+def auto_plan(target, head, prompt: list[int], per_position: list[float], eos: int | None,
+              max_new_tokens: int) -> dict:
+    """Measure this device's round cost at every depth the acceptance profile covers and the plain
+    step on `prompt`, then choose. One untimed pass first (the first rounds
+    pay for allocation and kernel selection), then the depths timed up and down again, so slow
+    drift of the machine weighs on every depth alike."""
+    depths = list(range(1, len(per_position) + 1))
+    round_seconds(target, head, prompt, depths[-1], eos)
+    seconds = {depth: 0.0 for depth in depths}
+    for depth in depths + depths[::-1]:
+        seconds[depth] += round_seconds(target, head, prompt, depth, eos) / 2
+    return choose_depth(per_position, seconds, plain_step_seconds(target, [prompt], max_new_tokens, eos))
 
 
 def acceptance_profile(head_dir: str, measure=None) -> tuple[list[float], str]:

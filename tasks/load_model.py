@@ -18,8 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM
+from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
 from store.errors import LayerwaveError
 from tasks.registry import ModelSpec, resolve

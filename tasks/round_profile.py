@@ -28,9 +28,10 @@ def plain_step_seconds(target, prompts: list[list[int]], max_new_tokens: int, eo
 
 
 def profile_rounds(target, head, prompts: list[list[int]], max_new_tokens: int, depth: int,
-                   eos_token_id: int | None, tree: TreeShape | None = None) -> dict:
-    """Per-part time of greedy chain (or `tree`) rounds over `prompts`, against the plain step."""
-    step = plain_step_seconds(target, prompts, max_new_tokens, eos_token_id)
+                   eos_token_id: int | None, tree: TreeShape | None = None, plain_step: float | None = None) -> dict:
+    """Per-part time of greedy chain (or `tree`) rounds over `prompts`, against the plain step
+    (measured on the same prompts unless a profile of other rounds measured it already)."""
+    step = plain_step or plain_step_seconds(target, prompts, max_new_tokens, eos_token_id)
     stopwatch = Stopwatch(target.device)
     for prompt in prompts:
         speculative_generate(target, head.config.layers, HeadDrafter(head, stopwatch), prompt, max_new_tokens, depth,
