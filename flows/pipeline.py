@@ -1,6 +1,9 @@
 """The whole question for one model as one Prefect flow, and a sweep over every registered model.
 
-    generate → extract → statistics → selection → for each seed: (for each set: train → evaluate) → report
+    generate → extract → statistics → selection → [screening] → for each seed: (for each set: train → evaluate) → report
+
+The study preset screens every candidate at a short budget first (tasks/study.py) and measures
+its finalists' τ along replayed target replies (tasks/replay.py).
 
 Every stage is idempotent: extraction by its shard commit markers, analysis, selection, training
 and evaluation by the stage key of their inputs stored beside their outputs (tasks/stage_key.py).
@@ -17,7 +20,7 @@ from prefect import flow, get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
 from flows.analyze import analyze
-from flows.evaluate import evaluate
+from flows.evaluate import evaluate, load_pair
 from flows.extract import extract
 from flows.generate import generate
 from flows.report import report_task
@@ -25,13 +28,16 @@ from flows.selection import select
 from flows.train import train_head
 from store import schema
 from store.access import open_existing
+from store.read import open_activations
 from store.errors import LayerwaveError
 from tasks.pipeline_presets import REFERENCE_FILTER, PipelinePreset, pipeline_preset, preset_store
 from tasks.corpus import load_corpus
 from tasks.plots import reports_dir
 from tasks.regen_corpus import corpus_dir
 from tasks.registry import registry, resolve
-from tasks.report import evaluation_path, head_dir
+from tasks.replay import corpus_tokens, replay_corpus, replay_store, replay_tau, write_prompts
+from tasks.report import evaluation_path, head_dir, screen_dir
+from tasks.study import finalists, screening_rows, screening_tau
 from tasks.stage_key import current_record, stage_key, write_record
 
 SOURCE = "sharegpt"  # prompts the target answers (or, without generation, the corpus itself)
@@ -85,18 +91,55 @@ def by_priority(candidates: list[dict]) -> list[dict]:
 
 @task(name="evaluate-head", cache_policy=NO_CACHE)
 def evaluate_stage(model: str, head: str, bench: str, p: PipelinePreset, store: str) -> dict:
-    """Speculative decoding of `bench` with one head; the result is kept beside the head under the
-    key of its inputs (the head's own training key included), so a re-run reuses it."""
+    """Speculative decoding of `bench` with one head (real, or replayed along the target's stored
+    replies); the result is kept beside the head under the key of its inputs (the head's own
+    training key included), so a re-run reuses it."""
     training = json.loads((Path(head) / "training.json").read_text())
-    key = stage_key(training["stage_key"], bench, p.prompts, p.max_new_tokens, p.depth)
+    replayed = replay_store(store, resolve(model).key, bench) if p.replay else None
+    key = stage_key(training["stage_key"], bench, p.prompts, p.max_new_tokens, p.depth,
+                    replayed and open_activations(replayed, resolve(model).key).attrs["plan_hash"])
     path = evaluation_path(Path(head), bench)
     done = current_record(path, key)
     if done:
         return {**done, "reused": True}
-    result = evaluate(model=model, head=head, bench=bench, limit=p.prompts, max_new_tokens=p.max_new_tokens,
-                      depth=p.depth, store=store)
+    if replayed:
+        target, drafter = load_pair(model, head, "cpu")
+        result = {**replay_tau(drafter, store, resolve(model).key, bench, p.depth, target.tokenizer.eos_token_id,
+                               p.max_new_tokens), "speedup": None, "lossless": None}
+    else:
+        result = evaluate(model=model, head=head, bench=bench, limit=p.prompts, max_new_tokens=p.max_new_tokens,
+                          depth=p.depth, store=store)
     write_record(path, result, key)
     return {**result, "reused": False}
+
+
+def prepare_replay(model: str, store: str, model_key: str, bench: str, p: PipelinePreset) -> None:
+    """The target's greedy replies to at least `p.prompts` of `bench`'s prompts, extracted into
+    their own store once per model (tasks/replay.py)."""
+    target = replay_store(store, model_key, bench)
+    done = open_existing(target, schema.activations_path(model_key))
+    if done is not None and done.attrs.get("complete"):
+        return
+    prompts = write_prompts(store, model_key, bench, 2 * p.prompts)  # replies ending early leave room for more
+    corpus = replay_corpus(store, model_key, bench)
+    generate(model=model, source=f"jsonl:{prompts}", out=str(corpus), tokens=p.prompts * p.max_new_tokens,
+             max_new_tokens=p.max_new_tokens, turns=1, batch_size=1, shard_size=8,
+             max_prompt_tokens=p.generate_max_prompt_tokens)
+    extract(model=model, corpus=f"regen:{corpus}", tokens=corpus_tokens(corpus), max_length=p.max_length,
+            store=target)
+
+
+def screen(model: str, store: str, model_key: str, preset: str, p: PipelinePreset, candidates: list[dict],
+           warm_start: bool) -> list[dict]:
+    """Train every candidate × seed at the screening budget; their rows, best τ_offline first."""
+    scores: dict[tuple, dict[int, dict]] = {}
+    for seed in p.seeds:
+        for candidate in candidates:
+            head = screen_dir(store, model_key, preset, candidate["layers"], seed)
+            train_head(model=model, store=store, layers=candidate["layers"], out=str(head),
+                       preset_name=p.train_preset, seed=seed, epochs=p.screen_epochs, warm_start=warm_start)
+            scores.setdefault(tuple(candidate["layers"]), {})[seed] = screening_tau(head)
+    return screening_rows(candidates, scores)
 
 
 def completion_path(store: str, model_key: str, preset: str) -> Path:
@@ -132,6 +175,15 @@ def pipeline(model: str = "smollm2-135m", preset: str = "quick", store: str | No
             memory_gb=p.memory_gb)
     candidates = select(model=model, store=store, filter_key=REFERENCE_FILTER.key, n_random=p.n_random)
     chosen = by_priority(candidates)[: limit or p.candidates]
+    if p.screen_epochs:
+        ranked = screen(model, store, key, preset, p, chosen, warm_start)
+        chosen = finalists(chosen, ranked, p.finalists)
+        logger.info("screening (%d epoch(s), τ_offline): %s; finalists %s", p.screen_epochs,
+                    ", ".join(f"{r['layers']} {r['tau_offline_mean']:.3f}" for r in ranked),
+                    ", ".join(str(c["layers"]) for c in chosen))
+    if p.replay:
+        for bench in p.benches:
+            prepare_replay(model, store, key, bench, p)
     logger.info("training %d layer sets × %d seeds: %s", len(chosen), len(p.seeds),
                 ", ".join(str(c["layers"]) for c in chosen))
     evaluated, sets = [], [c["layers"] for c in chosen]

@@ -18,7 +18,8 @@ from store.read import open_activations
 from tasks.pipeline_presets import REFERENCE_FILTER, pipeline_preset, preset_store
 from tasks.plots import plot_tau_by_set, reports_dir
 from tasks.registry import store_key
-from tasks.report import correlations, load_evaluations, markdown, result_rows
+from tasks.report import SCORES, correlations, load_evaluations, markdown, result_rows, screen_dir
+from tasks.study import screening_rows, screening_tau
 
 REFERENCE = REFERENCE_FILTER.key
 
@@ -36,7 +37,11 @@ def report_task(store: str, model_key: str, preset: str, sets: list[list[int]] |
     candidates = [c for c in candidates_from(selection) if sets is None or c["layers"] in sets]
     benches = list(p.benches)
     rows = result_rows(candidates, load_evaluations(store, model_key, preset, candidates, p.seeds, benches), benches)
-    correlation = correlations(rows, benches)
+    screening = load_screening(store, model_key, preset, candidates_from(selection), p.seeds) if p.screen_epochs else []
+    screened = {tuple(r["layers"]): r["tau_offline_mean"] for r in screening}
+    for row in rows:
+        row["screening_tau_offline"] = screened.get(tuple(row["layers"]))
+    correlation = correlations(rows, benches, SCORES + (("screening_tau_offline",) if screening else ()))
     folder = reports_dir(store, model_key)
     corpus = open_activations(store, model_key).attrs["corpus"]
     facts = {"model": model_key, "store": store, "preset": preset,
@@ -49,10 +54,12 @@ def report_task(store: str, model_key: str, preset: str, sets: list[list[int]] |
     if rows:
         plot_tau_by_set(rows, benches, folder / "tau_by_set.png", f"{model_key} ({preset})")
     plots = [path.name for path in sorted(folder.glob("*.png"))]
-    text = markdown(f"layerwave report: {model_key} ({preset})", facts, plots, candidates, rows, correlation, benches)
+    text = markdown(f"layerwave report: {model_key} ({preset})", facts, plots, candidates, rows, correlation, benches,
+                    screening)
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "report.md").write_text(text)
-    (folder / "results.json").write_text(json.dumps({"rows": rows, "rank_correlation": correlation}, indent=2) + "\n")
+    (folder / "results.json").write_text(json.dumps({"rows": rows, "screening": screening,
+                                                     "rank_correlation": correlation}, indent=2) + "\n")
     if p.publish:
         _publish(folder, Path(p.publish) / model_key)
     create_markdown_artifact(key=f"report-{_artifact_key(model_key)}", markdown=text,
@@ -61,6 +68,17 @@ def report_task(store: str, model_key: str, preset: str, sets: list[list[int]] |
         create_table_artifact(key=f"results-{_artifact_key(model_key)}", table=[
             {k: r[k] for k in ("layers", "method", "bench", "tau_mean", "tau_ci95", "speedup_mean")} for r in rows])
     return {"path": str(folder / "report.md"), "rows": rows, "rank_correlation": correlation}
+
+
+def load_screening(store: str, model_key: str, preset: str, candidates: list[dict], seeds) -> list[dict]:
+    """The screening round's rows from the screening heads found on disk."""
+    scores = {}
+    for candidate in candidates:
+        for seed in seeds:
+            head = screen_dir(store, model_key, preset, candidate["layers"], seed)
+            if (head / "training.json").is_file():
+                scores.setdefault(tuple(candidate["layers"]), {})[seed] = screening_tau(head)
+    return screening_rows(candidates, scores)
 
 
 def _publish(folder: Path, target: Path) -> None:

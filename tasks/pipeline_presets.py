@@ -1,8 +1,8 @@
 """Pipeline presets: how much data, which filters, how many seeds and prompts per scale.
 
 `smoke` proves the wiring on the tiny model; `quick` is the CPU-laptop run of the real model,
-sized for a 2-core CPU (its wall time is not measured yet); `study` is the published comparison
-(hours, resumable); `full` is sized for a GPU.
+sized for a 2-core CPU (about 22 minutes, README); `study` is the published comparison (screening,
+then finals measured along replayed target replies; hours, resumable); `full` is sized for a GPU.
 """
 
 from __future__ import annotations
@@ -42,6 +42,13 @@ class PipelinePreset:
     generate_turns: int = 1  # on a CPU, later turns re-read the whole conversation (prefill) for each reply
     generate_max_prompt_tokens: int = 512
     warm_start: bool = False  # start heads from the target's lm_head and norm; off: it did not help (README)
+    # Screening (tasks/study.py): every candidate × seed trained for `screen_epochs` and scored by
+    # τ_offline; only the `finalists` best (plus the default and the best random set) train fully.
+    screen_epochs: int | None = None
+    finalists: int = 4
+    # τ of the benchmarks replayed along the target's own greedy replies, generated once per model
+    # (tasks/replay.py), instead of real decoding per head: no speed-up, but every prompt for every head.
+    replay: bool = False
 
 
 PIPELINE_PRESETS = {
@@ -49,14 +56,20 @@ PIPELINE_PRESETS = {
         store="layerwave-smoke.zarr", tokens=3000, max_length=256, entropy_quantile=0.5, n_random=1, candidates=3,
         train_preset="smoke", epochs=2, seeds=(0,), benches=("mt-bench",), prompts=2, max_new_tokens=12, depth=3,
         memory_gb=1.0, generate_tokens=1000, generate_max_new_tokens=24),
+    "smoke-study": PipelinePreset(
+        store="layerwave-smoke-study.zarr", tokens=3000, max_length=256, entropy_quantile=0.5, n_random=1,
+        candidates=3, train_preset="smoke", epochs=2, seeds=(0,), benches=("mt-bench", "sharegpt"), prompts=2,
+        max_new_tokens=12, depth=3, memory_gb=1.0, generate_tokens=1000, generate_max_new_tokens=24,
+        screen_epochs=1, finalists=1, replay=True),
     "quick": PipelinePreset(
         store="layerwave.zarr", tokens=20000, max_length=2048, entropy_quantile=0.5, n_random=1, candidates=4,
         train_preset="quick", epochs=None, seeds=(0,), benches=("mt-bench",), prompts=5, max_new_tokens=64, depth=4,
         generate_tokens=16000),
     "study": PipelinePreset(
-        store="layerwave-study.zarr", tokens=100000, max_length=2048, entropy_quantile=0.5, n_random=2, candidates=16,
-        train_preset="quick", epochs=2, seeds=(0, 1, 2), benches=("mt-bench", "sharegpt"), prompts=8,
-        max_new_tokens=64, depth=4, publish="results", generate_tokens=80000),
+        store="layerwave-study.zarr", tokens=50000, max_length=2048, entropy_quantile=0.5, n_random=3, candidates=16,
+        train_preset="quick", epochs=6, seeds=(0, 1, 2), benches=("mt-bench", "sharegpt"), prompts=40,
+        max_new_tokens=128, depth=4, publish="results", generate_tokens=80000, screen_epochs=1, finalists=4,
+        replay=True),
     "full": PipelinePreset(
         store="layerwave-full.zarr", tokens=2_000_000, max_length=2048, entropy_quantile=0.5, n_random=3,
         candidates=16, train_preset="full", epochs=None, seeds=(0, 1, 2), benches=("mt-bench", "sharegpt"),

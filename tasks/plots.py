@@ -47,7 +47,7 @@ def plot_tau_by_set(rows: list[dict], benches: list[str], path: Path, title: str
     benches = [b for b in benches if any(r["bench"] == b for r in rows)]
     labels = sorted({str(r["layers"]) for r in rows},  # best on average at the top
                     key=lambda label: np.mean([r["tau_mean"] for r in rows if str(r["layers"]) == label]))
-    figure, axes = plt.subplots(1, len(benches), figsize=(4.5 * len(benches), 0.35 * len(labels) + 1.6),
+    figure, axes = plt.subplots(1, len(benches), figsize=(max(6.5, 4.5 * len(benches)), 0.35 * len(labels) + 1.9),
                                 sharey=True, squeeze=False)
     for axis, bench in zip(axes[0], benches):
         for y, label in enumerate(labels):
@@ -60,7 +60,8 @@ def plot_tau_by_set(rows: list[dict], benches: list[str], path: Path, title: str
         axis.set(title=bench, xlabel="τ (tokens per target forward)")
         axis.grid(alpha=0.3)
     axes[0][0].set_yticks(range(len(labels)), labels, fontsize=7)
-    figure.suptitle(f"{title} (red: EAGLE-3 default; bars: 95% t interval over seeds)", fontsize=9)
+    figure.suptitle(f"{title}\nred: EAGLE-3 default · dots: one seed each · bars: 95% t interval over seeds",
+                    fontsize=9)
     return _save(figure, path)
 
 

@@ -29,6 +29,11 @@ def head_dir(store: str, model_key: str, preset: str, layers: list[int], seed: i
     return heads_root(store, model_key, preset) / "-".join(map(str, layers)) / f"seed-{seed}"
 
 
+def screen_dir(store: str, model_key: str, preset: str, layers: list[int], seed: int) -> Path:
+    """Screening heads live apart from the finals': same set and seed, a shorter budget."""
+    return heads_root(store, model_key, preset) / "screen" / "-".join(map(str, layers)) / f"seed-{seed}"
+
+
 def evaluation_path(head: Path, bench: str) -> Path:
     return head / "evaluation" / f"{bench.replace('/', '_').replace(':', '_')}.json"
 
@@ -86,7 +91,8 @@ def result_rows(candidates: list[dict], evaluations: dict[tuple, list[dict]], be
             if not runs:
                 continue
             tau, tau_ci = mean_ci95([r["tau"] for r in runs])
-            speedup, speedup_ci = mean_ci95([r["speedup"] for r in runs])
+            timed = [r["speedup"] for r in runs if r.get("speedup") is not None]  # replayed τ has no speed-up
+            speedup, speedup_ci = mean_ci95(timed) if timed else (None, None)
             rows.append({"layers": candidate["layers"], "method": ",".join(candidate["methods"]), "bench": bench,
                          "tau_mean": tau, "tau_ci95": tau_ci, "speedup_mean": speedup, "speedup_ci95": speedup_ci,
                          "seeds": [r["seed"] for r in runs], "tau_per_seed": [r["tau"] for r in runs],
@@ -110,15 +116,15 @@ def spearman_p(x: list[float], y: list[float], permutations: int = 20000, seed: 
     return float((np.sum(np.abs(rhos) >= abs(rho) - 1e-12) + 1) / (permutations + 1))
 
 
-def correlations(rows: list[dict], benches: list[str]) -> dict[str, dict[str, dict[str, float | None]]]:
-    """Spearman correlation of each selection score with mean τ across sets, per benchmark, with
-    its permutation p-value."""
+def correlations(rows: list[dict], benches: list[str], predictors=SCORES) -> dict[str, dict[str, dict[str, float | None]]]:
+    """Spearman correlation of each predictor (selection scores, and the screening τ_offline when
+    the study screened) with mean τ across sets, per benchmark, with its permutation p-value."""
     out = {}
     for bench in benches:
-        here = [r for r in rows if r["bench"] == bench]
+        here = [r for r in rows if r["bench"] == bench and all(r.get(name) is not None for name in predictors)]
         taus = [r["tau_mean"] for r in here]
         out[bench] = {name: {"rho": spearman([r[name] for r in here], taus),
-                             "p": spearman_p([r[name] for r in here], taus)} for name in SCORES}
+                             "p": spearman_p([r[name] for r in here], taus)} for name in predictors}
     return out
 
 
@@ -167,8 +173,21 @@ def verdict(rows: list[dict], bench: str) -> str:
             "by chance alone.")
 
 
+def screening_markdown(screening: list[dict], chosen: list[list[int]]) -> list[str]:
+    """The screening round: every set's mean τ_offline over its seeds, finalists marked."""
+    if not screening:
+        return []
+    lines = ["## Screening (short budget, τ_offline along each head's held-out replies)", "",
+             "| layers | methods | τ_offline (mean over seeds) | per seed | rounds | finalist |",
+             "|---|---|---:|---|---:|---|"]
+    lines += [f"| {r['layers']} | {r['method']} | {r['tau_offline_mean']:.3f} | "
+              + ", ".join(f"{t:.3f}" for t in r["tau_offline_per_seed"])
+              + f" | {r['rounds']} | {'yes' if r['layers'] in chosen else ''} |" for r in screening]
+    return lines + [""]
+
+
 def markdown(title: str, facts: dict, plots: list[str], candidates: list[dict], rows: list[dict],
-             correlation: dict, benches: list[str]) -> str:
+             correlation: dict, benches: list[str], screening: list[dict] | None = None) -> str:
     lines = [f"# {title}", ""]
     lines += [f"- {name}: {value}" for name, value in facts.items()] + [""]
     lines += [f"![{Path(p).stem}]({p})" for p in plots] + [""]
@@ -176,6 +195,7 @@ def markdown(title: str, facts: dict, plots: list[str], candidates: list[dict], 
               "| layers | methods | " + " | ".join(SCORES) + " |", "|---|---|" + "---:|" * len(SCORES)]
     lines += [f"| {c['layers']} | {', '.join(c['methods'])} | " + " | ".join(f"{c[s]:.3f}" for s in SCORES) + " |"
               for c in candidates]
+    lines += [""] + screening_markdown(screening or [], [c["layers"] for c in candidates])
     lines += ["", "## Speculative decoding per set (mean over seeds, ± 95% t interval)", "",
               "| layers | methods | bench | τ | speed-up | seeds | lossless | timed on a busy machine |",
               "|---|---|---|---:|---:|---:|---|---|"]
@@ -183,15 +203,18 @@ def markdown(title: str, facts: dict, plots: list[str], candidates: list[dict], 
               f"{_pm(r['speedup_mean'], r['speedup_ci95'])} | {len(r['seeds'])} | {r['lossless']} | "
               + (f"seeds {r['busy_seeds']}" if r.get("busy_seeds") else "no") + " |"
               for r in sorted(rows, key=lambda r: (r["bench"], -r["tau_mean"]))]
+    predictors = list(next(iter(correlation.values()), {}))
     lines += ["", "## How well each selection score predicts τ (Spearman ρ across sets, permutation p)", "",
-              "| bench | " + " | ".join(SCORES) + " |", "|---|" + "---:|" * len(SCORES)]
+              "| bench | " + " | ".join(predictors) + " |", "|---|" + "---:|" * len(predictors)]
     lines += [f"| {bench} | " + " | ".join("n/a" if v["rho"] is None else f"{v['rho']:+.2f} (p {v['p']:.2f})"
                                           for v in correlation[bench].values()) + " |" for bench in benches]
     lines += ["", "## Conclusion", ""] + [f"- {verdict(rows, bench)}" for bench in benches]
     return "\n".join(lines) + "\n"
 
 
-def _pm(mean: float, ci: float | None) -> str:
+def _pm(mean: float | None, ci: float | None) -> str:
+    if mean is None:
+        return "n/a"
     return f"{mean:.3f}" if ci is None else f"{mean:.3f} ± {ci:.3f}"
 
 

@@ -39,7 +39,10 @@ class Batch:
 
 
 def heldout_documents(n_docs: int, fraction: float, seed: int) -> np.ndarray:
-    """A seeded share of documents held out (at least one, when there are two or more)."""
+    """A seeded share of documents held out (at least one and, below a fraction of 1, at most all
+    but one); a fraction of 1 holds out every document: a store kept for evaluation only."""
+    if fraction >= 1:
+        return np.ones(n_docs, dtype=bool)
     count = min(n_docs - 1, max(1, round(fraction * n_docs))) if n_docs >= 2 else 0
     heldout = np.zeros(n_docs, dtype=bool)
     heldout[np.random.default_rng([seed, 1]).permutation(n_docs)[:count]] = True

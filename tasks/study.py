@@ -1,0 +1,47 @@
+"""The study's two rounds: screen every candidate set cheaply, then train the finalists fully.
+
+Screening trains each set × seed at a short budget and scores it by τ_offline along its held-out
+replies (recorded in its training.json). The finalists are the best `count` sets by mean
+screening τ, plus the EAGLE-3 default and the best random control, so the final comparison
+always holds the baseline to beat and a set chosen by chance.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+
+
+def screening_tau(head: Path) -> dict:
+    """The screening score of one trained head: τ_offline at the end of its training."""
+    final = json.loads((head / "training.json").read_text())["final"]["tau_offline"]
+    return {"tau": final["tau"], "rounds": final["rounds"], "tau_ci95": final["tau_ci95"]}
+
+
+def screening_rows(candidates: list[dict], scores: dict[tuple, dict[int, dict]]) -> list[dict]:
+    """One row per screened set, best mean τ_offline first; `scores[layers][seed]` as screening_tau."""
+    rows = []
+    for candidate in candidates:
+        by_seed = scores.get(tuple(candidate["layers"]), {})
+        if not by_seed:
+            continue
+        taus = [by_seed[seed]["tau"] for seed in sorted(by_seed)]
+        rows.append({"layers": candidate["layers"], "method": ",".join(candidate["methods"]),
+                     "tau_offline_mean": float(np.mean(taus)), "tau_offline_per_seed": taus,
+                     "seeds": sorted(by_seed), "rounds": sum(s["rounds"] for s in by_seed.values())})
+    return sorted(rows, key=lambda row: (-row["tau_offline_mean"], row["layers"]))  # ties: one order everywhere
+
+
+def finalists(candidates: list[dict], ranked: list[dict], count: int) -> list[dict]:
+    """The top `count` screened sets, then the EAGLE-3 default and the best random set if they
+    are not among them; candidates in that order."""
+    by_layers = {tuple(c["layers"]): c for c in candidates}
+    chosen = [tuple(row["layers"]) for row in ranked[:count]]
+    for wanted in ("eagle3-default", "random-"):
+        best = next((tuple(row["layers"]) for row in ranked
+                     if any(m.startswith(wanted) for m in row["method"].split(","))), None)
+        if best is not None and best not in chosen:
+            chosen.append(best)
+    return [by_layers[layers] for layers in chosen]

@@ -1,0 +1,80 @@
+"""The study's rounds on the tiny model: every candidate screened, the finalists chosen from the
+screening, their τ replayed along the target's own stored replies and equal to real decoding's,
+a report with the screening and its rank correlation, and a second run that does no work."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from flows.evaluate import evaluate
+from flows.pipeline import pipeline
+from store.read import open_activations
+from tasks.replay import replay_root, replay_store
+from tasks.study import finalists, screening_rows
+from tests.conftest import TINY
+from tests.test_pipeline import modification_times
+
+
+@pytest.fixture(scope="module")
+def studied(tmp_path_factory, prefect_api):
+    store = tmp_path_factory.mktemp("study") / "study.zarr"
+    return str(store), pipeline(model=TINY, preset="smoke-study", store=str(store))
+
+
+def test_every_candidate_is_screened_and_the_finalists_come_from_the_screening(studied):
+    store, summary = studied
+    screen = Path(store).with_name("study.heads") / TINY / "smoke-study" / "screen"
+    screened = sorted(path.parent.name for path in screen.glob("*/seed-0/training.json"))
+    assert len(screened) == 3
+    results = json.loads((Path(summary["report"]).parent / "results.json").read_text())
+    ranked = results["screening"]
+    assert [r["tau_offline_mean"] for r in ranked] == sorted((r["tau_offline_mean"] for r in ranked), reverse=True)
+    assert all(r["rounds"] > 0 and r["tau_offline_mean"] >= 1.0 for r in ranked)
+    finals = {tuple(row["layers"]) for row in summary["evaluated"]}
+    assert tuple(ranked[0]["layers"]) in finals and (2, 4, 5) in finals  # the best screened, and the default
+    assert finals <= {tuple(r["layers"]) for r in ranked}
+
+
+def test_replayed_tau_equals_real_decoding_on_the_same_prompts(studied):
+    store, summary = studied
+    for bench in ("mt-bench", "sharegpt"):
+        replies = open_activations(replay_store(store, TINY, bench), TINY)
+        assert replies.attrs["complete"] and replies.attrs["corpus"]["spec"].startswith("regen:")
+    head = Path(store).with_name("study.heads") / TINY / "smoke-study" / "2-4-5" / "seed-0"
+    replayed = json.loads((head / "evaluation" / "mt-bench.json").read_text())
+    assert replayed["method"] == "replay" and replayed["speedup"] is None and replayed["replies"] == 4
+    prompts = replay_root(store, TINY) / "mt-bench-prompts.jsonl"  # its 4 prompts: one shard answered them all
+    real = evaluate(model=TINY, head=str(head), bench=f"jsonl:{prompts}", limit=None, max_new_tokens=12, depth=3)
+    assert real["lossless"] and real["tau"] == pytest.approx(replayed["tau"], abs=1e-9)
+
+
+def test_the_report_shows_the_screening_and_how_well_it_predicts(studied):
+    _, summary = studied
+    report = Path(summary["report"]).read_text()
+    assert "## Screening" in report and "screening_tau_offline" in report
+    rows = json.loads((Path(summary["report"]).parent / "results.json").read_text())["rows"]
+    assert {row["bench"] for row in rows} == {"mt-bench", "sharegpt"}
+    assert all(row["speedup_mean"] is None and row["screening_tau_offline"] >= 1.0 for row in rows)
+
+
+def test_a_second_study_run_does_no_work(studied):
+    store, _ = studied
+    folders = [Path(store), Path(store).with_name("study.heads"), Path(store).with_name("study.replay")]
+    before = modification_times(*folders)
+    again = pipeline(model=TINY, preset="smoke-study", store=store)
+    assert modification_times(*folders) == before and all(row["reused"] for row in again["evaluated"])
+
+
+def test_finalists_are_the_best_screened_plus_the_default_and_the_best_random_set():
+    candidates = [{"layers": [i, i + 1, i + 2], "methods": [m]} for i, m in
+                  enumerate(["cka-mrmr", "eagle3-default", "random-0", "even", "random-1"])]
+    scores = {(0, 1, 2): {0: {"tau": 1.3, "rounds": 10}}, (1, 2, 3): {0: {"tau": 1.1, "rounds": 10}},
+              (2, 3, 4): {0: {"tau": 1.15, "rounds": 10}}, (3, 4, 5): {0: {"tau": 1.25, "rounds": 10}},
+              (4, 5, 6): {0: {"tau": 1.2, "rounds": 10}}}
+    ranked = screening_rows(candidates, scores)
+    assert [r["layers"] for r in ranked][:2] == [[0, 1, 2], [3, 4, 5]]
+    chosen = [c["layers"] for c in finalists(candidates, ranked, 2)]
+    assert chosen == [[0, 1, 2], [3, 4, 5], [1, 2, 3], [4, 5, 6]]  # random-1 screened better than random-0
