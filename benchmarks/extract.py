@@ -60,7 +60,8 @@ def write_comparison(group: zarr.Group, layout: Layout, workdir: Path) -> dict:
     doc = group[schema.DOC][:]
     zarr_copy = zarr.open_group(workdir / "copy.zarr", mode="w", zarr_format=3)
     target = zarr_copy.create_array("h", shape=hidden.shape, chunks=hidden.chunks, shards=hidden.shards,
-                                    dtype=hidden.dtype, compressors=hidden.compressors, fill_value=0)
+                                    dtype=hidden.dtype, filters=hidden.filters, compressors=hidden.compressors,
+                                    fill_value=0)
     dump = workdir / "torch-save"
     dump.mkdir()
     zarr_seconds = torch_seconds = 0.0
@@ -70,9 +71,9 @@ def write_comparison(group: zarr.Group, layout: Layout, workdir: Path) -> dict:
         began = time.perf_counter()
         target[:, start:stop, :] = block
         zarr_seconds += time.perf_counter() - began
-        tensor = torch.from_numpy(block.view(np.int16) if block.dtype == np.uint16 else block)
-        if block.dtype == np.uint16:
-            tensor = tensor.view(torch.bfloat16)
+        tensor = torch.from_numpy(block)
+        if layout.storage_dtype == "bfloat16":  # torch.save keeps 2 bytes per value too
+            tensor = tensor.to(torch.bfloat16)
         for a, b in documents_in(doc[start:stop]):
             began = time.perf_counter()
             torch.save({"hidden_states": tensor[:, a:b].transpose(0, 1).clone()}, dump / f"{start + a:09d}.pt")

@@ -1,7 +1,9 @@
 """Storage dtypes for hidden states.
 
-float16 halves the disk of float32 but overflows past 65504; bfloat16 keeps float32's range and
-is stored as its raw uint16 bits because zarr 3.1 on Python 3.11 has no bfloat16 dtype.
+float16 halves the disk of float32 but overflows past 65504; bfloat16 keeps float32's range. zarr
+3.1 has no bfloat16 dtype, so a bfloat16 array is declared float32 and kept as bfloat16 on disk by
+a codec (store/bfloat16_codec.py): every reader gets float32 back. Stores written before that
+codec hold the raw bits as uint16; `decode` still reads them.
 """
 
 from __future__ import annotations
@@ -9,12 +11,18 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from store.bfloat16_codec import BFloat16Codec, from_bfloat16_bits
 from store.errors import LayerwaveError
 
 FLOAT16_MAX = 65504.0
 STORAGE_DTYPES = ("float16", "bfloat16", "float32")
-# Zarr dtype each storage dtype is written as.
-ZARR_DTYPE = {"float16": "float16", "bfloat16": "uint16", "float32": "float32"}
+# Zarr dtype each storage dtype is declared as (bfloat16: float32 through the codec).
+ZARR_DTYPE = {"float16": "float16", "bfloat16": "float32", "float32": "float32"}
+
+
+def filters(storage_dtype: str) -> list:
+    """The array-to-array codecs of a hidden-states array of `storage_dtype`."""
+    return [BFloat16Codec()] if storage_dtype == "bfloat16" else []
 
 
 def encode(hidden: torch.Tensor, storage_dtype: str) -> np.ndarray:
@@ -33,16 +41,15 @@ def encode(hidden: torch.Tensor, storage_dtype: str) -> np.ndarray:
                 "re-run into a new --store with --storage-dtype bfloat16 or float32"
             )
         return hidden.to(torch.float16).numpy()
-    if storage_dtype == "bfloat16":
-        return hidden.to(torch.bfloat16).view(torch.int16).numpy().view(np.uint16)
-    return hidden.to(torch.float32).numpy()
+    return hidden.to(torch.float32).numpy()  # bfloat16: the codec rounds as torch does
 
 
-def decode(stored: np.ndarray, storage_dtype: str) -> np.ndarray:
-    """Stored array back to float32 (bfloat16 bits are shifted into float32's top half)."""
-    if storage_dtype == "bfloat16":
-        return (stored.astype(np.uint32) << 16).view(np.float32)
-    return stored.astype(np.float32)
+def decode(stored: np.ndarray) -> np.ndarray:
+    """A read block as float32: it already is, but for the raw bfloat16 bits (uint16) of a store
+    written before the codec, which are shifted into float32's top half."""
+    if stored.dtype == np.uint16:
+        return from_bfloat16_bits(stored)
+    return stored.astype(np.float32, copy=False)
 
 
 def choose_storage_dtype(requested: str, compute_dtype: torch.dtype, probe_peak: float) -> str:

@@ -14,7 +14,7 @@ import zarr
 from zarr.codecs import Crc32cCodec, ZstdCodec
 
 from store import schema
-from store.dtypes import ZARR_DTYPE
+from store.dtypes import ZARR_DTYPE, filters
 
 # About 1 MiB chunks and 64-256 MiB shards: small enough to read one layer cheaply, large enough
 # that a store of millions of tokens has thousands of files, not millions.
@@ -80,6 +80,7 @@ def create_template(group: zarr.Group, layout: Layout, per_token: dict[str, np.n
         shards=(layout.n_layers, layout.shard_tokens, layout.hidden_size),
         dtype=ZARR_DTYPE[layout.storage_dtype],
         fill_value=0,
+        filters=filters(layout.storage_dtype),
         compressors=compressor,
         dimension_names=[schema.LAYER, schema.TOKEN, schema.HIDDEN],
         attributes={"storage_dtype": layout.storage_dtype},

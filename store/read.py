@@ -14,11 +14,13 @@ from store.dtypes import decode
 from store.errors import LayerwaveError
 
 
-def open_activations(store: str, model_key: str, *, decode_bf16: bool = True, allow_incomplete: bool = False) -> xr.Dataset:
-    """`<model>/activations` as a Dataset with dims (layer, token, hidden); bfloat16 decoded to float32.
+def open_activations(store: str, model_key: str, *, allow_incomplete: bool = False) -> xr.Dataset:
+    """`<model>/activations` as a Dataset with dims (layer, token, hidden), float32 for every
+    storage dtype.
 
-    Plain `xr.open_zarr(store, group=f"{model}/activations")` works too; this adds the checks
-    and turns bfloat16 bits (stored as uint16) back into numbers.
+    Plain `xr.open_zarr(store, group=f"{model}/activations")` gives the same values (bfloat16 is
+    decoded by its codec); this adds the checks, and decodes the raw uint16 bits of stores
+    written before that codec.
     """
     check_schema(store)
     group_path = schema.activations_path(model_key)
@@ -37,8 +39,6 @@ def open_activations(store: str, model_key: str, *, decode_bf16: bool = True, al
             f"re-run `layerwave extract --model {model_key} --store {store}` to finish them"
         )
     hidden = ds[schema.HIDDEN_STATES]
-    storage_dtype = hidden.attrs.get("storage_dtype", str(hidden.dtype))
-    if decode_bf16 and storage_dtype == "bfloat16":
-        decoded = da.map_blocks(decode, hidden.data, "bfloat16", dtype="float32")
-        ds[schema.HIDDEN_STATES] = hidden.copy(data=decoded)
+    if hidden.dtype == "uint16":
+        ds[schema.HIDDEN_STATES] = hidden.copy(data=da.map_blocks(decode, hidden.data, dtype="float32"))
     return ds

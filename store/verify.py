@@ -45,7 +45,7 @@ def verify_model(store: str, model_key: str) -> tuple[list[str], list[int]]:
         for name in SHARD_ARRAYS:
             try:
                 values = group[name][start:stop] if name != schema.HIDDEN_STATES else \
-                    decode(group[name][:, start:stop], layout.storage_dtype)
+                    decode(group[name][:, start:stop])
             except Exception as err:  # a codec's checksum or decompression error names no array
                 problems.append(f"{model_key}: {name} shard {shard} (tokens {start}..{stop - 1}) is unreadable: {err}")
                 bad.append(int(shard))

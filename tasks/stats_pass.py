@@ -60,8 +60,8 @@ def projection(d: int, k: int) -> np.ndarray | None:
     return (np.random.default_rng(SKETCH_SEED).standard_normal((d, k)) / math.sqrt(k)).astype(np.float32)
 
 
-def read_layers(array: zarr.Array, layers: list[int], start: int, stop: int, storage_dtype: str) -> np.ndarray:
-    """float32 (layers, tokens, d) for one token range, decoding bfloat16 bits.
+def read_layers(array: zarr.Array, layers: list[int], start: int, stop: int) -> np.ndarray:
+    """float32 (layers, tokens, d) for one token range.
 
     Reads each run of consecutive layers with a plain slice: zarr 3.1's orthogonal (index-array)
     selection peaked at ~40x the bytes it returned on a 33-layer shard.
@@ -71,7 +71,7 @@ def read_layers(array: zarr.Array, layers: list[int], start: int, stop: int, sto
         if i == len(layers) or layers[i] != layers[i - 1] + 1:
             runs.append(array[layers[first]: layers[i - 1] + 1, start:stop, :])
             first = i
-    return decode(np.concatenate(runs) if len(runs) > 1 else runs[0], storage_dtype)
+    return decode(np.concatenate(runs) if len(runs) > 1 else runs[0])
 
 
 def partial_moments(store: str, group_path: str, ranges: list[tuple[int, int]], rows: list[int], cols: list[int],
@@ -79,7 +79,6 @@ def partial_moments(store: str, group_path: str, ranges: list[tuple[int, int]], 
     """Moments of one tile over some whole shards (`masks` cover exactly those tokens, in order)."""
     group = zarr.open_group(store, path=group_path, mode="r", use_consolidated=False)
     array = group[schema.HIDDEN_STATES]
-    storage_dtype = array.attrs.get("storage_dtype", str(array.dtype))
     diagonal = rows == cols
     layers = sorted(set(rows) | set(cols))
     where = {layer: i for i, layer in enumerate(layers)}
@@ -87,7 +86,7 @@ def partial_moments(store: str, group_path: str, ranges: list[tuple[int, int]], 
     result = {key: TileMoments.zeros(len(rows), len(cols), d) for key in masks}
     offset = 0
     for start, stop in ranges:
-        block = read_layers(array, layers, start, stop, storage_dtype) - shift[layers][:, None, :]
+        block = read_layers(array, layers, start, stop) - shift[layers][:, None, :]
         if proj is not None:
             block = block @ proj
         for key, mask in masks.items():
@@ -131,7 +130,7 @@ def provisional_shift(store: str, group_path: str, layout: Layout) -> np.ndarray
     """Per-layer mean over the first shard: subtracting it keeps float64 sums of squares accurate."""
     array = zarr.open_group(store, path=group_path, mode="r", use_consolidated=False)[schema.HIDDEN_STATES]
     start, stop = layout.shard_range(0)
-    block = read_layers(array, list(range(layout.n_layers)), start, stop, array.attrs.get("storage_dtype", "float32"))
+    block = read_layers(array, list(range(layout.n_layers)), start, stop)
     return block.mean(axis=1, dtype=np.float64).astype(np.float32)
 
 

@@ -59,7 +59,6 @@ class StoreBatches:
         self.loss_mask = self.group[schema.LOSS_MASK][:]
         self.n_docs = int(self.doc.max()) + 1 if len(self.doc) else 0
         self.heldout_docs = heldout_documents(self.n_docs, holdout, seed)
-        self.storage_dtype = self.group[schema.HIDDEN_STATES].attrs.get("storage_dtype", "float32")
 
     def windows(self, shard: int, heldout: bool) -> list[tuple[int, int]]:
         """(start, stop) store token ranges of this shard's windows in the chosen split; windows
@@ -115,7 +114,7 @@ class StoreBatches:
         start, stop = self.layout.shard_range(shard)
         hidden = self.group[schema.HIDDEN_STATES]
         # one read per layer, in the order asked (a head reads exactly the layers it was built for)
-        aux = np.concatenate([decode(hidden[layer, start:stop], self.storage_dtype) for layer in self.layers], axis=-1)
+        aux = np.concatenate([decode(hidden[layer, start:stop]) for layer in self.layers], axis=-1)
         return {"aux": aux, "token_id": self.group[schema.TOKEN_ID][start:stop],
                 "position": self.group[schema.POSITION][start:stop],
                 "loss_mask": self.group[schema.LOSS_MASK][start:stop],
