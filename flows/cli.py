@@ -181,6 +181,9 @@ def _train_parser(sub) -> None:
                    help="keep the warm-started lm_head and final norm frozen (default: the preset's)")
     p.add_argument("--lm-head-lr-scale", type=float, help="learning rate of the lm_head and final norm "
                                                          "relative to the rest (default: the preset's)")
+    p.add_argument("--keep-checkpoint", action="store_true",
+                   help="keep checkpoint.pt (optimizer state) once the head is finished; an unfinished run "
+                        "always keeps it, so a killed run resumes")
     p.add_argument("--json", help="write the training summary to this file")
 
 
@@ -202,7 +205,8 @@ def _run_train(args) -> dict:
 
     summary = train_head(model=args.model, store=args.store, layers=layers, out=args.out, preset_name=args.preset,
                          seed=args.seed, ttt_steps=args.ttt_steps, fmt=args.format,
-                         epochs=args.epochs, device=args.device, verifier=args.verifier, **recipe)
+                         epochs=args.epochs, device=args.device, verifier=args.verifier,
+                         keep_checkpoint=args.keep_checkpoint, **recipe)
     print(f"head for layers {summary['layers']} → {summary['out']}: held-out accuracy per TTT step "
           + " ".join(f"{a:.3f}" for a in summary["final"]["accuracy"])
           + " (untrained " + " ".join(f"{a:.3f}" for a in summary["untrained"]["accuracy"]) + "), "

@@ -38,7 +38,9 @@ def check_request(store: str, model: str, layers: list[int], preset_name: str, f
 @task(name="train-draft-head", cache_policy=NO_CACHE)
 def train_task(store: str, model_key: str, layers: list[int], out: str, preset_name: str, seed: int,
                ttt_steps: int | None, fmt: str, verifier: dict, epochs: int | None = None,
-               device: str = "auto", recipe: dict | None = None) -> dict:
+               device: str = "auto", recipe: dict | None = None, keep_checkpoint: bool = False) -> dict:
+    """Train, export, then record; the resume checkpoint (optimizer state included, larger than the
+    export) is removed once the record is written, unless `keep_checkpoint`."""
     logger = get_run_logger()
     config = preset(preset_name, seed=seed, ttt_steps=ttt_steps, epochs=epochs, **(recipe or {}))
     ds = open_activations(store, model_key)
@@ -53,6 +55,8 @@ def train_task(store: str, model_key: str, layers: list[int], out: str, preset_n
     export(head, Path(out), fmt, verifier["name_or_path"], speculative_tokens=config.ttt_steps,
            architectures=verifier["architectures"], num_layers=ds.sizes["layer"] - 1)
     write_record(Path(out) / "training.json", record, key)
+    if not keep_checkpoint:
+        (Path(out) / "checkpoint.pt").unlink(missing_ok=True)  # only a finished head loses it: resume is kept
     final = record["final"]
     create_table_artifact(
         key="draft-head-accuracy",
@@ -68,12 +72,14 @@ def train_head(model: str = "smollm2-135m", store: str = "layerwave.zarr", layer
                out: str | None = None, preset_name: str = "quick", seed: int = 0, ttt_steps: int | None = None,
                fmt: str = "vllm", epochs: int | None = None, device: str = "auto",
                warm_start: bool | None = None, freeze_lm_head: bool | None = None,
-               lm_head_lr_scale: float | None = None, verifier: str | None = None) -> dict:
+               lm_head_lr_scale: float | None = None, verifier: str | None = None,
+               keep_checkpoint: bool = False) -> dict:
     """Train an EAGLE-3 head reading `layers` (HF indices) from the store on `device` (auto: CUDA
     when present); export it to `out`. The device is not part of the stage key: a head trained on
     either is the same head up to floating-point rounding. `warm_start`, `freeze_lm_head` and
     `lm_head_lr_scale` override the preset's recipe (None keeps it). `verifier` names the target
-    in the export (default: its Hugging Face id from the registry, else its checkpoint path)."""
+    in the export (default: its Hugging Face id from the registry, else its checkpoint path).
+    `keep_checkpoint` keeps the training checkpoint of a finished head (to train it further)."""
     recipe = {"warm_start": warm_start, "freeze_lm_head": freeze_lm_head, "lm_head_lr_scale": lm_head_lr_scale}
     key = store_key(model)
     ds = open_activations(store, key)
@@ -86,6 +92,7 @@ def train_head(model: str = "smollm2-135m", store: str = "layerwave.zarr", layer
     if warning:
         get_run_logger().warning(warning)
     record = train_task(store, key, layers, out, preset_name, seed, ttt_steps, fmt,
-                        {**target, "name_or_path": verifier or target["name_or_path"]}, epochs, device, recipe)
+                        {**target, "name_or_path": verifier or target["name_or_path"]}, epochs, device, recipe,
+                        keep_checkpoint)
     return {"out": out, **{k: record[k] for k in ("layers", "steps", "trainable_parameters", "untrained", "final",
                                                    "tokens_per_s")}}

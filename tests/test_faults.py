@@ -38,7 +38,7 @@ def test_training_killed_after_a_checkpoint_resumes_to_the_same_head(training_st
     killed_at = torch.load(checkpoint, weights_only=False)["step"]
     assert killed_at < trained[1]["total_steps"], "the run finished before it was killed"
 
-    resumed = run(argv, prefect_api)
+    resumed = run(argv + ["--keep-checkpoint"], prefect_api)  # kept, to compare its weights
     assert resumed.returncode == 0, resumed.stderr
     assert f"resuming from step {killed_at}/" in resumed.stdout + resumed.stderr
     final = torch.load(checkpoint, weights_only=False)["head"]

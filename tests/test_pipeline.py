@@ -40,6 +40,8 @@ def test_pipeline_writes_every_stage_and_a_report(finished):
     assert {row["bench"] for row in results["rows"]} == {"mt-bench"} and len(results["rows"]) == 3
     assert all(row["lossless"] and row["tau_mean"] >= 1.0 for row in results["rows"])
     assert is_complete(store, TINY, "smoke")
+    heads = Path(store).with_name("smoke.heads")  # finished heads keep their export, not the resume checkpoint
+    assert len(list(heads.rglob("model.safetensors"))) == 3 and not list(heads.rglob("checkpoint.pt"))
 
 
 def test_second_run_does_no_stage_work(finished):
