@@ -7,6 +7,7 @@ layer set reads only the small stored statistics.
 from __future__ import annotations
 
 import contextlib
+import time
 
 import numpy as np
 from prefect import flow, get_run_logger, task
@@ -20,6 +21,7 @@ from tasks.analysis import ANALYSIS, measures_current, set_entropy, set_h2_close
 from tasks.layer_ids import eagle3_default
 from tasks.registry import store_key
 from tasks.plots import plot_cka, plot_entropy_vs_depth, reports_dir
+from tasks.progress import rate_eta
 from tasks.stats_pass import PassConfig, accumulate_statistics, is_current
 from tasks.token_filter import TokenFilter, check_enough, filters_for
 
@@ -46,10 +48,13 @@ def accumulate_task(store: str, model_key: str, filters: list[TokenFilter], conf
         return {"computed": [], "tokens_kept": {k: int(m.sum()) for k, m in masks.items()}}
     client = _dask_client(config.dask_address)
     scheduler = {} if client else {"scheduler": "threads", "num_workers": config.partitions}
+    started = time.perf_counter()
+    logger.info("statistics of %s over %s: one pass over the activations, tile by tile", model_key, ", ".join(stale))
     with client or contextlib.nullcontext():
         summary = accumulate_statistics(
             store, model_key, stale, config, {"plan_hash": source["plan_hash"]}, scheduler,
-            progress=lambda done, total: logger.info("statistics tile %d/%d done", done, total))
+            progress=lambda done, total: logger.info("statistics tile %d/%d done%s", done, total,
+                                                     rate_eta(done, total, time.perf_counter() - started)))
     consolidate(store)
     logger.info("statistics of %s: %s tiles over %d layer groups, %d features per layer%s", model_key,
                 summary["tiles"], summary["layer_groups"], summary["features"], " (sketched)" * summary["sketched"])

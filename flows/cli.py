@@ -467,12 +467,36 @@ class _NoTracebackForUserErrors(logging.Filter):
 _USER_ERROR_FILTER = _NoTracebackForUserErrors()  # one instance, so repeated setups add it once
 
 
+class _QuietEngine(logging.Filter):
+    """Keeps Prefect's own run chatter (a run began, its URL, it finished, a temporary server
+    started) off the terminal unless `--verbose`; Prefect's run records still get every line."""
+
+    verbose = False  # set by main() for each command
+    CHATTER = ("Beginning flow run", "Beginning subflow run", "View at ", "Finished in state Completed",
+               "Created task run", "Executing '", "Starting temporary server", "Stopping temporary server",
+               "Created flow run")
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return self.verbose or not (record.name.startswith("prefect") and str(record.msg).startswith(self.CHATTER))
+
+
+_QUIET_ENGINE = _QuietEngine()
+
+
 def _configure_logging() -> None:
     from prefect.logging.configuration import setup_logging
 
     setup_logging()
-    for handler in logging.getLogger().handlers:
-        handler.addFilter(_USER_ERROR_FILTER)
+    for name in ("", "prefect", "prefect.flow_runs", "prefect.task_runs"):
+        for handler in logging.getLogger(name).handlers:
+            handler.addFilter(_USER_ERROR_FILTER)
+            if isinstance(handler, logging.StreamHandler):  # the terminal, not Prefect's API log handler
+                handler.addFilter(_QUIET_ENGINE)
+    if not _QUIET_ENGINE.verbose:  # transformers' loading bars and advice
+        import transformers
+
+        transformers.utils.logging.set_verbosity_error()
+        transformers.utils.logging.disable_progress_bar()
 
 
 class _OneLineParser(argparse.ArgumentParser):
@@ -488,6 +512,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = _OneLineParser(prog="layerwave", description=__doc__)
     debug_help = "show the full traceback of any error (user errors print one line without it)"
     parser.add_argument("--debug", action="store_true", help=debug_help)
+    verbose_help = "show Prefect's run chatter and transformers' progress bars (quiet by default)"
+    parser.add_argument("--verbose", action="store_true", help=verbose_help)
     sub = parser.add_subparsers(dest="command", required=True)
     _generate_parser(sub)
     _extract_parser(sub)
@@ -500,11 +526,13 @@ def main(argv: list[str] | None = None) -> int:
     _pipeline_parser(sub)
     for command in sub.choices.values():  # --debug also after the command; SUPPRESS keeps the main one
         command.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=debug_help)
+        command.add_argument("--verbose", action="store_true", default=argparse.SUPPRESS, help=verbose_help)
     try:
         args = parser.parse_args(argv)
     except SystemExit as done:  # --help (0) or a refused command line (2, one line printed)
         return int(done.code or 0)
     debug = _NoTracebackForUserErrors.debug = vars(args).pop("debug")  # runners see only their own options
+    _QuietEngine.verbose = vars(args).pop("verbose")
     runners = {"generate": _run_generate, "extract": _run_extract, "analyze": _run_analyze, "select": _run_select,
                "train": _run_train, "evaluate": _run_evaluate, "verify": _run_verify, "models": _run_models, "run": _run_pipeline,
                "sweep": _run_sweep, "report": _run_report}

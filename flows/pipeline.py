@@ -31,6 +31,7 @@ from store.access import open_existing
 from store.read import open_activations
 from store.errors import LayerwaveError
 from tasks.pipeline_presets import REFERENCE_FILTER, PipelinePreset, pipeline_preset, preset_store
+from tasks.progress import Pace, stage_line
 from tasks.corpus import load_corpus
 from tasks.plots import reports_dir
 from tasks.regen_corpus import corpus_dir
@@ -132,13 +133,19 @@ def prepare_replay(model: str, store: str, model_key: str, bench: str, p: Pipeli
 def screen(model: str, store: str, model_key: str, preset: str, p: PipelinePreset, candidates: list[dict],
            warm_start: bool) -> list[dict]:
     """Train every candidate × seed at the screening budget; their rows, best τ_offline first."""
+    logger = get_run_logger()
     scores: dict[tuple, dict[int, dict]] = {}
-    for seed in p.seeds:
-        for candidate in candidates:
-            head = screen_dir(store, model_key, preset, candidate["layers"], seed)
-            train_head(model=model, store=store, layers=candidate["layers"], out=str(head),
-                       preset_name=p.train_preset, seed=seed, epochs=p.screen_epochs, warm_start=warm_start)
-            scores.setdefault(tuple(candidate["layers"]), {})[seed] = screening_tau(head)
+    runs = [(seed, candidate) for seed in p.seeds for candidate in candidates]
+    pace = Pace(len(runs))
+    for number, (seed, candidate) in enumerate(runs):
+        head = screen_dir(store, model_key, preset, candidate["layers"], seed)
+        logger.info(stage_line("train", f"screening head {number + 1}/{len(runs)} {candidate['layers']} seed {seed}"
+                                        f"{pace.eta(number)}"))
+        pace.start()
+        trained = train_head(model=model, store=store, layers=candidate["layers"], out=str(head),
+                             preset_name=p.train_preset, seed=seed, epochs=p.screen_epochs, warm_start=warm_start)
+        pace.finish(worked=not trained["reused"])
+        scores.setdefault(tuple(candidate["layers"]), {})[seed] = screening_tau(head)
     return screening_rows(candidates, scores)
 
 
@@ -164,15 +171,19 @@ def pipeline(model: str = "smollm2-135m", preset: str = "quick", store: str | No
     corpus = corpus_for(store, key, p, corpus)
     warm_start = p.warm_start if warm_start is None else warm_start
     if extraction_current(store, key, model, p, corpus):
-        logger.info("extraction of %s in %s is complete", key, store)
+        logger.info(stage_line("extract", f"{key} in {store} is complete"))
     else:
+        logger.info(stage_line("extract", ("the target writes its replies, then " if generated else "")
+                               + f"every layer's states over {p.tokens} tokens into {store}"))
         if generated:
             generate(model=model, source=SOURCE, out=corpus.removeprefix("regen:"), tokens=p.generate_tokens,
                      max_new_tokens=p.generate_max_new_tokens, turns=p.generate_turns,
                      max_prompt_tokens=p.generate_max_prompt_tokens)
         extract(model=model, corpus=corpus, tokens=p.tokens, max_length=p.max_length, store=store)
+    logger.info(stage_line("analyze", "entropy and CKA of every layer, out of core"))
     analyze(model=model, store=store, entropy_quantile=p.entropy_quantile, drop_first_token=True,
             memory_gb=p.memory_gb)
+    logger.info(stage_line("select", "candidate layer sets"))
     candidates = select(model=model, store=store, filter_key=REFERENCE_FILTER.key, n_random=p.n_random)
     chosen = by_priority(candidates)[: limit or p.candidates]
     if p.screen_epochs:
@@ -183,20 +194,29 @@ def pipeline(model: str = "smollm2-135m", preset: str = "quick", store: str | No
                     ", ".join(str(c["layers"]) for c in chosen))
     if p.replay:
         for bench in p.benches:
+            logger.info(stage_line("evaluate", f"the target's own greedy replies to {bench} (once per model)"))
             prepare_replay(model, store, key, bench, p)
     logger.info("training %d layer sets × %d seeds: %s", len(chosen), len(p.seeds),
                 ", ".join(str(c["layers"]) for c in chosen))
     evaluated, sets = [], [c["layers"] for c in chosen]
-    for seed in p.seeds:  # seed-major: partial results already compare every set
-        for candidate in chosen:
-            head = str(head_dir(store, key, preset, candidate["layers"], seed))
-            train_head(model=model, store=store, layers=candidate["layers"], out=head, preset_name=p.train_preset,
-                       seed=seed, epochs=p.epochs, warm_start=warm_start)
-            for bench in p.benches:
-                result = evaluate_stage(model, head, bench, p, store)
-                evaluated.append({"layers": candidate["layers"], "seed": seed, "bench": bench, "tau": result["tau"],
-                                  "speedup": result["speedup"], "reused": result["reused"]})
-        report = report_task(store, key, preset, sets)  # after every seed, so a long run shows its progress
+    runs = [(seed, candidate) for seed in p.seeds for candidate in chosen]  # seed-major: partial results compare every set
+    pace = Pace(len(runs))
+    for number, (seed, candidate) in enumerate(runs):
+        head = str(head_dir(store, key, preset, candidate["layers"], seed))
+        which = f"head {number + 1}/{len(runs)} {candidate['layers']} seed {seed}"
+        logger.info(stage_line("train", which + pace.eta(number)))
+        pace.start()
+        trained = train_head(model=model, store=store, layers=candidate["layers"], out=head,
+                             preset_name=p.train_preset, seed=seed, epochs=p.epochs, warm_start=warm_start)
+        for bench in p.benches:
+            logger.info(stage_line("evaluate", f"{which} on {bench}"))
+            result = evaluate_stage(model, head, bench, p, store)
+            evaluated.append({"layers": candidate["layers"], "seed": seed, "bench": bench, "tau": result["tau"],
+                              "speedup": result["speedup"], "reused": result["reused"]})
+        pace.finish(worked=not trained["reused"] or not all(row["reused"] for row in evaluated[-len(p.benches):]))
+        if candidate is chosen[-1]:  # after every seed, so a long run shows its progress
+            logger.info(stage_line("report", f"after seed {seed}"))
+            report = report_task(store, key, preset, sets)
     path = completion_path(store, key, preset)
     path.write_text(json.dumps({"complete": True, "model": model, "preset": preset, "store": store,
                                 "finished": datetime.now(timezone.utc).isoformat()}, indent=2) + "\n")

@@ -48,7 +48,7 @@ def train_task(store: str, model_key: str, layers: list[int], out: str, preset_n
     finished = current_record(Path(out) / "training.json", key)
     if finished and (Path(out) / "config.json").is_file():  # the record is written after the export
         logger.info("head %s is already trained from these inputs", out)
-        return finished
+        return {**finished, "reused": True}
     head, record = train(store, model_key, layers, Path(out), config, log=logger.info,
                          device=load_model.pick_device(device))
     logger.info("trainable parameters: %d", record["trainable_parameters"])
@@ -64,7 +64,7 @@ def train_task(store: str, model_key: str, layers: list[int], out: str, preset_n
                 "untrained_accuracy": round(u, 4)}
                for i, (a, l, u) in enumerate(zip(final["accuracy"], final["loss"], record["untrained"]["accuracy"]))],
         description=f"EAGLE-3 head for {model_key} layers {layers} (HF indices)")
-    return record
+    return {**record, "reused": False}
 
 
 @flow(name="layerwave-train")
@@ -95,4 +95,4 @@ def train_head(model: str = "smollm2-135m", store: str = "layerwave.zarr", layer
                         {**target, "name_or_path": verifier or target["name_or_path"]}, epochs, device, recipe,
                         keep_checkpoint)
     return {"out": out, **{k: record[k] for k in ("layers", "steps", "trainable_parameters", "untrained", "final",
-                                                   "tokens_per_s")}}
+                                                   "tokens_per_s", "reused")}}

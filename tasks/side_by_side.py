@@ -8,11 +8,13 @@ interval over prompts: one disturbed prompt moves neither much.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Callable
 
 import numpy as np
 
+from tasks.progress import rate_eta
 from tasks.spec_decode import Generation
 
 
@@ -26,6 +28,7 @@ def side_by_side(baseline: Decoder, decoders: list[Decoder], prompts: list[list[
                  progress: Callable[[str], None] = lambda line: None) -> dict[str, list[dict]]:
     """Per decoder, one row per prompt: its generation beside the baseline's on that prompt."""
     rows: dict[str, list[dict]] = {decoder.name: [] for decoder in decoders}
+    started = time.perf_counter()
     for number, prompt in enumerate(prompts):
         order = [baseline, *decoders] if number % 2 == 0 else [*decoders, baseline]
         runs = {decoder.name: decoder.decode(prompt) for decoder in order}
@@ -37,7 +40,8 @@ def side_by_side(baseline: Decoder, decoders: list[Decoder], prompts: list[list[
                 "accepted": run.accepted, "seconds": run.seconds, "baseline_tokens": len(base.tokens),
                 "baseline_seconds": base.seconds, "matches_baseline": run.tokens == base.tokens})
         progress(f"prompt {number + 1}/{len(prompts)}: " + ", ".join(
-            f"{name} {len(run.tokens) / run.seconds:.1f} tok/s" for name, run in runs.items()))
+            f"{name} {len(run.tokens) / run.seconds:.1f} tok/s" for name, run in runs.items())
+            + rate_eta(number + 1, len(prompts), time.perf_counter() - started))
     return rows
 
 

@@ -16,6 +16,7 @@ from store import schema
 from store.errors import LayerwaveError
 from tasks import load_model
 from tasks.draft_head import DraftConfig, DraftHead, draft_vocabulary, target_to_draft
+from tasks.progress import rate_eta
 from tasks.offline_tau import simulate_documents, summarize_rounds
 from tasks.train_data import StoreBatches
 from tasks.ttt import unroll
@@ -151,7 +152,7 @@ def train(store: str, model_key: str, layers: list[int], out: Path, config: Trai
         untrained = held_out_metrics(head, data, config, eos)
     index = target_to_draft(head.t2d)
     weights = [0.8 ** i for i in range(config.ttt_steps)]
-    started, tokens = time.perf_counter(), 0
+    started, tokens, first_step = time.perf_counter(), 0, step
     progress_every = max(1, math.ceil(total / 10))
     while step < total and (stop_after is None or step < stop_after):
         epoch, offset = divmod(step, per_epoch)
@@ -176,8 +177,9 @@ def train(store: str, model_key: str, layers: list[int], out: Path, config: Trai
                     + f", τ_offline {metrics['tau_offline']['tau']:.3f} ({metrics['tau_offline']['rounds']} rounds)")
                 _save(checkpoint, head, optimizer, step, history, untrained, layers, config, source)
             elif step % progress_every == 0:  # between evaluations: a progress line and a resume point
-                log(f"step {step}/{total} loss {loss.item():.3f}, "
-                    f"{tokens / (time.perf_counter() - started):.0f} training tokens/s")
+                elapsed = time.perf_counter() - started
+                log(f"step {step}/{total} loss {loss.item():.3f}, {tokens / elapsed:.0f} training tokens/s"
+                    + rate_eta(step - first_step, total - first_step, elapsed))
                 _save(checkpoint, head, optimizer, step, history, untrained, layers, config, source)
             if step >= total or (stop_after is not None and step >= stop_after):
                 break
