@@ -27,6 +27,7 @@ os.environ.setdefault("PREFECT_HOME", tempfile.mkdtemp(prefix="layerwave-bench-p
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 os.environ.setdefault("DO_NOT_TRACK", "1")
 
+from store import paths
 from flows.extract import extract  # noqa: E402
 from store import schema  # noqa: E402
 from store.layout import Layout  # noqa: E402
@@ -95,14 +96,14 @@ def main() -> None:
     try:
         loaded = load_model.load(args.model, "auto", "auto")
         summary = extract(model=args.model, corpus=args.corpus, tokens=args.tokens, store=str(store))
-        group = zarr.open_group(store, path=schema.activations_path(summary["model_key"]), mode="r")
+        group = zarr.open_group(store, path=paths.activations(summary["model_key"]), mode="r")
         layout = Layout(**group.attrs["layout"])
         batch_tokens = group.attrs["extraction"]["batch_tokens"]
         token_id, doc = group[schema.TOKEN_ID][:], group[schema.DOC][:]
         bare_forward_seconds(loaded, token_id[:64], doc[:64], Layout(**{**layout.as_attrs(), "n_tokens": 64}),
                              batch_tokens)  # warm-up
         bare = bare_forward_seconds(loaded, token_id, doc, layout, batch_tokens)
-        hidden_bytes = directory_bytes(store / summary["model_key"] / schema.ACTIVATIONS / schema.HIDDEN_STATES)
+        hidden_bytes = directory_bytes(store / summary["model_key"] / paths.ACTIVATIONS / schema.HIDDEN_STATES)
         store_bytes = directory_bytes(store)
         raw_fp16_per_token = layout.n_layers * layout.hidden_size * 2
         writes = write_comparison(group, layout, workdir)

@@ -13,14 +13,16 @@ import numpy as np
 from prefect import flow, get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
+from store import paths
+from store.paths import Workspace
 from store.access import consolidate
 from store.errors import LayerwaveError
 from store.read import open_activations
-from store.stats_store import open_stats, stats_path
-from tasks.analysis import ANALYSIS, measures_current, set_entropy, set_h2_closed_form, write_measures
+from store.stats_store import open_stats
+from tasks.analysis import measures_current, set_entropy, set_h2_closed_form, write_measures
 from tasks.layer_ids import eagle3_default
 from tasks.registry import store_key
-from tasks.plots import plot_cka, plot_entropy_vs_depth, reports_dir
+from tasks.plots import plot_cka, plot_entropy_vs_depth
 from tasks.progress import rate_eta
 from tasks.stats_pass import PassConfig, accumulate_statistics, is_current
 from tasks.token_filter import TokenFilter, check_enough, filters_for
@@ -93,14 +95,14 @@ def plots_task(store: str, model_key: str, filter_keys: list[str], asked: str, c
     """The PNGs beside the store; redrawn only when an analysis changed or a file is missing."""
     import xarray as xr
 
-    folder = reports_dir(store, model_key)
-    paths = [folder / "entropy_vs_depth.png", folder / f"cka_{asked}.png"]
-    if changed or not all(path.exists() for path in paths):
-        measures = {key: xr.open_zarr(store, group=f"{model_key}/{ANALYSIS}/{key}", consolidated=False).load()
+    folder = Workspace(store).reports(model_key)
+    files = [folder / "entropy_vs_depth.png", folder / f"cka_{asked}.png"]
+    if changed or not all(path.exists() for path in files):
+        measures = {key: xr.open_zarr(store, group=paths.analysis(model_key, key), consolidated=False).load()
                     for key in filter_keys}
-        plot_entropy_vs_depth(measures, paths[0], f"{model_key}: entropy vs depth")
-        plot_cka(measures[asked], paths[1], f"{model_key}: layer similarity")
-    return [str(path) for path in paths]
+        plot_entropy_vs_depth(measures, files[0], f"{model_key}: entropy vs depth")
+        plot_cka(measures[asked], files[1], f"{model_key}: layer similarity")
+    return [str(path) for path in files]
 
 
 @flow(name="layerwave-analyze")
@@ -135,7 +137,7 @@ def report(store: str, model_key: str, asked: str, tokens_kept: dict, sets, plot
     """The JSON-ready summary for the filter asked: per-layer entropies, CKA, and layer-set scores."""
     import xarray as xr
 
-    ds = xr.open_zarr(store, group=f"{model_key}/{ANALYSIS}/{asked}", consolidated=False).load()
+    ds = xr.open_zarr(store, group=paths.analysis(model_key, asked), consolidated=False).load()
     default = eagle3_default(ds.sizes["layer"] - 1)
     candidate_sets = ([default] if default else []) + [list(s) for s in (sets or []) if list(s) != default]
     scored = [{"layers": s, "h1": set_entropy(store, model_key, asked, s, 1.0),
@@ -146,5 +148,5 @@ def report(store: str, model_key: str, asked: str, tokens_kept: dict, sets, plot
         "entropy_h2": ds.entropy_h2.values.tolist(), "normalized_entropy": ds.normalized_entropy.values.tolist(),
         "effective_rank": ds.effective_rank.values.tolist(), "cka": ds.cka.values.tolist(),
         "cka_debiased": ds.cka_debiased.values.tolist(), "sets": scored, "plots": plots,
-        "statistics_group": stats_path(model_key, asked),
+        "statistics_group": paths.stats(model_key, asked),
     }

@@ -233,6 +233,8 @@ def _evaluate_parser(sub) -> None:
     p.add_argument("--tree-topk", type=int, help="tree: children expanded per node and per level (default: "
                    "TreeShape's, tuned for CPU)")
     p.add_argument("--tree-tokens", type=int, help="tree: draft tokens verified per round (default: TreeShape's)")
+    p.add_argument("--repeat", type=int, default=1, help="time every prompt N times (order alternating) and keep "
+                   "each side's median: a speed-up a busy moment cannot move")
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (checked lossless); > 0 samples")
     p.add_argument("--seed", type=int, default=0, help="sampling seed")
     p.add_argument("--device", default="auto", help="auto (CUDA when present), cpu or cuda")
@@ -256,14 +258,14 @@ def _run_evaluate(args) -> dict:
     tree = {name: value for name, value in (("tree_topk", args.tree_topk), ("tree_tokens", args.tree_tokens))
             if value is not None}  # unset: the flow's defaults (TreeShape's), without importing torch here
     check_request(args.model, args.head, args.bench, args.limit, args.max_new_tokens, args.depth, args.temperature,
-                  args.draft, device=args.device, store=args.store, compare=args.compare, **tree)
+                  args.draft, device=args.device, store=args.store, compare=args.compare, repeat=args.repeat, **tree)
     _configure_logging()
     from flows.evaluate import evaluate
 
     result = evaluate(model=args.model, head=args.head, bench=args.bench, limit=args.limit,
                       max_new_tokens=args.max_new_tokens, depth=args.depth, store=args.store,
                       temperature=args.temperature, seed=args.seed, draft=args.draft, device=args.device,
-                      compare=args.compare, **tree)
+                      compare=args.compare, repeat=args.repeat, **tree)
     if args.compare:
         print(comparison_table(result))
     else:
@@ -342,10 +344,10 @@ def _generate_parser(sub) -> None:
 
 def _run_generate(args) -> dict:
     from tasks.generate import GenerateRequest, check_request
-    from tasks.regen_corpus import corpus_dir
+    from store.paths import Workspace
     from tasks.registry import resolve
 
-    out = args.out or str(corpus_dir(args.store, resolve(args.model).key, args.source))
+    out = args.out or str(Workspace(args.store).corpus(resolve(args.model).key, args.source))
     options = {k: v for k, v in vars(args).items() if k not in ("command", "json", "store", "out")}
     check_request(GenerateRequest(**options, out=out))  # bad input fails here, before Prefect starts
     _configure_logging()

@@ -49,10 +49,12 @@ def load_pair(model: str, head_dir: str, device: str = "auto"):
 def check_request(model: str, head_dir: str, bench: str, limit: int | None, max_new_tokens: int, depth: int,
                   temperature: float = 0.0, draft: str = "chain", tree_topk: int = TreeShape.topk,
                   tree_tokens: int = TreeShape.tokens, device: str = "auto", store: str | None = None,
-                  compare: bool = False) -> None:
+                  compare: bool = False, repeat: int = 1) -> None:
     """Every mistake in an evaluation request, before generation starts."""
     if depth < 1:
         raise LayerwaveError(f"--depth must be at least 1 (got {depth})")
+    if repeat < 1:
+        raise LayerwaveError(f"--repeat must be at least 1 (got {repeat})")
     if temperature < 0:
         raise LayerwaveError(f"--temperature must be >= 0 (got {temperature}); 0 is greedy")
     if draft not in DRAFTS:
@@ -100,7 +102,7 @@ def measured_acceptance(head, head_dir: str, store: str, model_key: str, eos: in
 def evaluate_task(model: str, head_dir: str, bench: str, limit: int | None, max_new_tokens: int, depth: int,
                   store: str | None, temperature: float = 0.0, seed: int = 0, draft: str = "chain",
                   tree_topk: int = TreeShape.topk, tree_tokens: int = TreeShape.tokens,
-                  device: str = "auto", compare: bool = False) -> dict:
+                  device: str = "auto", compare: bool = False, repeat: int = 1) -> dict:
     """Each decoder asked for beside the target alone on the same prompts (tasks/side_by_side.py)."""
     logger = get_run_logger()
     target, head = load_pair(model, head_dir, device)
@@ -120,11 +122,12 @@ def evaluate_task(model: str, head_dir: str, bench: str, limit: int | None, max_
                "generator": torch.Generator().manual_seed(seed), "tree": TreeShape(tree_topk, tree_tokens),
                "auto_depth": plan and plan["depth"]}
     rows = side_by_side(baseline(target.model, max_new_tokens, eos, temperature),
-                        [decoder(name, target.model, head, **options) for name in names], prompts, logger.info)
+                        [decoder(name, target.model, head, **options) for name in names], prompts, logger.info,
+                        repeat)
     results = {name: summarize(rows[name], depth_of(name, depth, options["auto_depth"]), sampled=temperature > 0)
                for name in names}
     settings = {"draft": draft, "tree_topk": tree_topk, "tree_tokens": tree_tokens, "device": str(target.device),
-                "auto": plan}
+                "auto": plan, "repeat": repeat}
     if compare:
         return {"compare": results, **settings, "prompts": len(prompts), "depth": depth,
                 "lossless": all(r["lossless"] is not False for r in results.values())}
@@ -135,17 +138,19 @@ def evaluate_task(model: str, head_dir: str, bench: str, limit: int | None, max_
 def evaluate(model: str = "smollm2-135m", head: str = "", bench: str = "mt-bench", limit: int | None = 10,
              max_new_tokens: int = 128, depth: int = 4, store: str | None = None, temperature: float = 0.0,
              seed: int = 0, draft: str = "chain", tree_topk: int = TreeShape.topk,
-             tree_tokens: int = TreeShape.tokens, device: str = "auto", compare: bool = False) -> dict:
+             tree_tokens: int = TreeShape.tokens, device: str = "auto", compare: bool = False,
+             repeat: int = 1) -> dict:
     """Speculative decoding of `bench` prompts with `head`, against the target decoding alone, on
     `device` (auto: CUDA when present). `draft`: "chain" (`depth` tokens per round), "tree"
     (EAGLE-2 dynamic tree `depth` levels deep, `tree_topk` children per expanded node,
     `tree_tokens` nodes verified per round) or "auto" (the chain depth, or the target alone, with
     the most expected tokens per second). `compare`: prompt lookup, chain, tree and auto side by
-    side, each against the target alone on the same prompts."""
+    side, each against the target alone on the same prompts. `repeat`: each prompt timed that many
+    times, each side's median kept."""
     check_request(model, head, bench, limit, max_new_tokens, depth, temperature, draft, tree_topk, tree_tokens,
-                  device, store, compare)
+                  device, store, compare, repeat)
     result = evaluate_task(model, head, bench, limit, max_new_tokens, depth, store, temperature, seed, draft,
-                           tree_topk, tree_tokens, device, compare)
+                           tree_topk, tree_tokens, device, compare, repeat)
     results = result["compare"] if compare else {draft: result}
     create_table_artifact(key="speculative-decoding", table=[{"decoder": name, **{k: r[k] for k in (
         "tau", "speedup", "tokens_per_s", "baseline_tokens_per_s", "lossless", "prompts")}}

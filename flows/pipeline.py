@@ -19,6 +19,8 @@ from pathlib import Path
 from prefect import flow, get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
+from store.paths import Workspace
+from store import paths
 from flows.analyze import analyze
 from flows.evaluate import evaluate, load_pair
 from flows.extract import extract
@@ -26,18 +28,14 @@ from flows.generate import generate
 from flows.report import report_task
 from flows.selection import select
 from flows.train import train_head
-from store import schema
 from store.access import open_existing
 from store.read import open_activations
 from store.errors import LayerwaveError
 from tasks.pipeline_presets import REFERENCE_FILTER, PipelinePreset, pipeline_preset, preset_store
 from tasks.progress import Pace, stage_line
 from tasks.corpus import load_corpus
-from tasks.plots import reports_dir
-from tasks.regen_corpus import corpus_dir
 from tasks.registry import registry, resolve
-from tasks.replay import corpus_tokens, replay_corpus, replay_store, replay_tau, write_prompts
-from tasks.report import evaluation_path, head_dir, screen_dir
+from tasks.replay import corpus_tokens, replay_tau, write_prompts
 from tasks.study import finalists, screening_rows, screening_tau
 from tasks.stage_key import current_record, stage_key, write_record
 
@@ -61,13 +59,13 @@ def corpus_for(store: str, model_key: str, p: PipelinePreset, corpus: str | None
     own replies to ShareGPT prompts, or ShareGPT as is)."""
     if corpus is not None:
         return corpus
-    return f"regen:{corpus_dir(store, model_key, SOURCE)}" if p.generate_tokens else SOURCE
+    return f"regen:{Workspace(store).corpus(model_key, SOURCE)}" if p.generate_tokens else SOURCE
 
 
 def extraction_current(store: str, model_key: str, model: str, p: PipelinePreset, corpus: str) -> bool:
     """True when the store holds a complete extraction made with this pipeline's settings, so the
     extract stage can be skipped without loading the model or the corpus."""
-    group = open_existing(store, schema.activations_path(model_key))
+    group = open_existing(store, paths.activations(model_key))
     if group is None:
         return False
     attrs = group.attrs
@@ -96,10 +94,10 @@ def evaluate_stage(model: str, head: str, bench: str, p: PipelinePreset, store: 
     replies); the result is kept beside the head under the key of its inputs (the head's own
     training key included), so a re-run reuses it."""
     training = json.loads((Path(head) / "training.json").read_text())
-    replayed = replay_store(store, resolve(model).key, bench) if p.replay else None
+    replayed = Workspace(store).replay_store(resolve(model).key, bench) if p.replay else None
     key = stage_key(training["stage_key"], bench, p.prompts, p.max_new_tokens, p.depth,
                     replayed and open_activations(replayed, resolve(model).key).attrs["plan_hash"])
-    path = evaluation_path(Path(head), bench)
+    path = paths.evaluation(Path(head), bench)
     done = current_record(path, key)
     if done:
         return {**done, "reused": True}
@@ -117,12 +115,12 @@ def evaluate_stage(model: str, head: str, bench: str, p: PipelinePreset, store: 
 def prepare_replay(model: str, store: str, model_key: str, bench: str, p: PipelinePreset) -> None:
     """The target's greedy replies to at least `p.prompts` of `bench`'s prompts, extracted into
     their own store once per model (tasks/replay.py)."""
-    target = replay_store(store, model_key, bench)
-    done = open_existing(target, schema.activations_path(model_key))
+    target = Workspace(store).replay_store(model_key, bench)
+    done = open_existing(target, paths.activations(model_key))
     if done is not None and done.attrs.get("complete"):
         return
     prompts = write_prompts(store, model_key, bench, 2 * p.prompts)  # replies ending early leave room for more
-    corpus = replay_corpus(store, model_key, bench)
+    corpus = Workspace(store).replay_corpus(model_key, bench)
     generate(model=model, source=f"jsonl:{prompts}", out=str(corpus), tokens=p.prompts * p.max_new_tokens,
              max_new_tokens=p.max_new_tokens, turns=1, batch_size=1, shard_size=8,
              max_prompt_tokens=p.generate_max_prompt_tokens)
@@ -138,7 +136,7 @@ def screen(model: str, store: str, model_key: str, preset: str, p: PipelinePrese
     runs = [(seed, candidate) for seed in p.seeds for candidate in candidates]
     pace = Pace(len(runs))
     for number, (seed, candidate) in enumerate(runs):
-        head = screen_dir(store, model_key, preset, candidate["layers"], seed)
+        head = Workspace(store).screening_head(model_key, preset, candidate["layers"], seed)
         logger.info(stage_line("train", f"screening head {number + 1}/{len(runs)} {candidate['layers']} seed {seed}"
                                         f"{pace.eta(number)}"))
         pace.start()
@@ -149,12 +147,8 @@ def screen(model: str, store: str, model_key: str, preset: str, p: PipelinePrese
     return screening_rows(candidates, scores)
 
 
-def completion_path(store: str, model_key: str, preset: str) -> Path:
-    return reports_dir(store, model_key) / f"pipeline-{preset}.json"
-
-
 def is_complete(store: str, model_key: str, preset: str) -> bool:
-    path = completion_path(store, model_key, preset)
+    path = Workspace(store).completion(model_key, preset)
     return path.is_file() and json.loads(path.read_text()).get("complete") is True
 
 
@@ -202,7 +196,7 @@ def pipeline(model: str = "smollm2-135m", preset: str = "quick", store: str | No
     runs = [(seed, candidate) for seed in p.seeds for candidate in chosen]  # seed-major: partial results compare every set
     pace = Pace(len(runs))
     for number, (seed, candidate) in enumerate(runs):
-        head = str(head_dir(store, key, preset, candidate["layers"], seed))
+        head = str(Workspace(store).head(key, preset, candidate["layers"], seed))
         which = f"head {number + 1}/{len(runs)} {candidate['layers']} seed {seed}"
         logger.info(stage_line("train", which + pace.eta(number)))
         pace.start()
@@ -217,7 +211,7 @@ def pipeline(model: str = "smollm2-135m", preset: str = "quick", store: str | No
         if candidate is chosen[-1]:  # after every seed, so a long run shows its progress
             logger.info(stage_line("report", f"after seed {seed}"))
             report = report_task(store, key, preset, sets)
-    path = completion_path(store, key, preset)
+    path = Workspace(store).completion(key, preset)
     path.write_text(json.dumps({"complete": True, "model": model, "preset": preset, "store": store,
                                 "finished": datetime.now(timezone.utc).isoformat()}, indent=2) + "\n")
     return {"model": model, "preset": preset, "store": store, "report": report["path"], "rows": report["rows"],

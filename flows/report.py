@@ -11,14 +11,16 @@ from prefect import flow, task
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from prefect.cache_policies import NO_CACHE
 
-from flows.selection import SELECTION, candidates_from
+from store.paths import Workspace
+from store import paths
+from flows.selection import analysis_filters, candidates_from
 from store.access import open_existing
 from store.errors import LayerwaveError
 from store.read import open_activations
 from tasks.pipeline_presets import REFERENCE_FILTER, pipeline_preset, preset_store
-from tasks.plots import plot_tau_by_set, reports_dir
+from tasks.plots import plot_cka, plot_entropy_vs_depth, plot_tau_by_set
 from tasks.registry import store_key
-from tasks.report import SCORES, correlations, load_evaluations, markdown, result_rows, screen_dir
+from tasks.report import SCORES, correlations, load_evaluations, markdown, result_rows
 from tasks.study import screening_rows, screening_tau
 
 REFERENCE = REFERENCE_FILTER.key
@@ -29,7 +31,7 @@ def report_task(store: str, model_key: str, preset: str, sets: list[list[int]] |
     """`<store>.reports/<model>/report.md` and `results.json` from what is on disk; `sets` limits
     the report to the sets a pipeline run trained (default: every candidate with results)."""
     p = pipeline_preset(preset)
-    group = f"{model_key}/{SELECTION}/{REFERENCE}"
+    group = paths.selection(model_key, REFERENCE)
     if open_existing(store, group) is None:
         raise LayerwaveError(f"no selection for {model_key} in {store}; run `layerwave run --model {model_key} "
                              f"--store {store} --preset {preset}` first")
@@ -42,7 +44,7 @@ def report_task(store: str, model_key: str, preset: str, sets: list[list[int]] |
     for row in rows:
         row["screening_tau_offline"] = screened.get(tuple(row["layers"]))
     correlation = correlations(rows, benches, SCORES + (("screening_tau_offline",) if screening else ()))
-    folder = reports_dir(store, model_key)
+    folder = Workspace(store).reports(model_key)
     corpus = open_activations(store, model_key).attrs["corpus"]
     facts = {"model": model_key, "store": store, "preset": preset,
              "training corpus": corpus["spec"], "training tokens": corpus["tokens"], "documents": corpus["documents"],
@@ -51,17 +53,15 @@ def report_task(store: str, model_key: str, preset: str, sets: list[list[int]] |
              "selection scored on token filter": REFERENCE,
              "evaluated (set, seed, bench)": f"{sum(len(r['seeds']) for r in rows)} of "
                                              f"{len(candidates) * len(p.seeds) * len(benches)}"}
-    if rows:
-        plot_tau_by_set(rows, benches, folder / "tau_by_set.png", f"{model_key} ({preset})")
-    plots = [path.name for path in sorted(folder.glob("*.png"))]
+    plots = report_plots(store, model_key, folder, rows, benches, f"{model_key} ({preset})")
     text = markdown(f"layerwave report: {model_key} ({preset})", facts, plots, candidates, rows, correlation, benches,
-                    screening)
+                    screening, replayed=p.replay)
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "report.md").write_text(text)
     (folder / "results.json").write_text(json.dumps({"rows": rows, "screening": screening,
                                                      "rank_correlation": correlation}, indent=2) + "\n")
     if p.publish:
-        _publish(folder, Path(p.publish) / model_key)
+        _publish(folder, [name for name, _ in plots], Path(p.publish) / model_key)
     create_markdown_artifact(key=f"report-{_artifact_key(model_key)}", markdown=text,
                              description=f"layerwave report for {model_key}")
     if rows:
@@ -75,17 +75,38 @@ def load_screening(store: str, model_key: str, preset: str, candidates: list[dic
     scores = {}
     for candidate in candidates:
         for seed in seeds:
-            head = screen_dir(store, model_key, preset, candidate["layers"], seed)
+            head = Workspace(store).screening_head(model_key, preset, candidate["layers"], seed)
             if (head / "training.json").is_file():
                 scores.setdefault(tuple(candidate["layers"]), {})[seed] = screening_tau(head)
     return screening_rows(candidates, scores)
 
 
-def _publish(folder: Path, target: Path) -> None:
-    """The small files of a report (Markdown, plots, result rows), for committing beside the code."""
+def report_plots(store: str, model_key: str, folder: Path, rows: list[dict], benches: list[str],
+                 title: str) -> list[tuple[str, str]]:
+    """The report's own plots, in pipeline order, each drawn here from the store and the rows so
+    that none shows other data (a manual `analyze` with another filter draws its own files):
+    (file name, caption)."""
+    filters = analysis_filters(store, model_key)
+    analyses = {key: xr.open_zarr(store, group=paths.analysis(model_key, key), consolidated=False).load()
+                for key in filters}
+    plots = [("entropy_vs_depth.png", "Matrix entropy of each layer's hidden states (nats; H1 solid, H2 dashed), "
+                                      "one line per token filter: how much information each layer spreads."),
+             (f"cka_{REFERENCE}.png", f"CKA between every pair of layers on {REFERENCE}, the token filter selection "
+                                      "scored sets on (left: CKA, right: debiased CKA; bright = redundant layers).")]
+    plot_entropy_vs_depth(analyses, folder / plots[0][0], f"{title}: entropy vs depth")
+    plot_cka(analyses[REFERENCE], folder / plots[1][0], f"{title}: layer similarity")
+    if rows:
+        plot_tau_by_set(rows, benches, folder / "tau_by_set.png", title)
+        plots.append(("tau_by_set.png", "τ of each trained layer set per benchmark: one dot per seed, the mean with "
+                                        "its 95% interval over seeds as a bar; red is the EAGLE-3 default."))
+    return plots
+
+
+def _publish(folder: Path, plots: list[str], target: Path) -> None:
+    """The small files of a report (Markdown, its plots, result rows), for committing beside the code."""
     target.mkdir(parents=True, exist_ok=True)
-    for path in [folder / "report.md", folder / "results.json", *folder.glob("*.png")]:
-        shutil.copy2(path, target / path.name)
+    for name in ["report.md", "results.json", *plots]:
+        shutil.copy2(folder / name, target / name)
 
 
 def _artifact_key(model_key: str) -> str:

@@ -7,20 +7,18 @@ import xarray as xr
 from prefect import flow, get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
+from store import paths
 from store.access import check_schema, consolidate, open_existing
 from store.errors import LayerwaveError
-from tasks.analysis import ANALYSIS, set_entropy
+from tasks.analysis import set_entropy
 from tasks.registry import store_key
 from tasks.stage_key import group_is_current, mark_group_current, stage_key
 from tasks.selection import METHODS, Constraints, LayerScores, check_methods, propose
 
-SELECTION = "selection"
-
-
 def analysis_filters(store: str, model_key: str) -> list[str]:
     """Filters with a finished analysis, `all`-like references first; says which command to run if none."""
     check_schema(store)
-    group = open_existing(store, f"{model_key}/{ANALYSIS}")
+    group = open_existing(store, paths.analysis(model_key))
     keys = sorted(name for name, _ in group.groups()) if group is not None else []
     if not keys:
         raise LayerwaveError(f"no analysis for {model_key} in {store}; run "
@@ -29,7 +27,7 @@ def analysis_filters(store: str, model_key: str) -> list[str]:
 
 
 def load_scores(store: str, model_key: str, keys: list[str]) -> dict[str, LayerScores]:
-    return {key: LayerScores.from_dataset(xr.open_zarr(store, group=f"{model_key}/{ANALYSIS}/{key}",
+    return {key: LayerScores.from_dataset(xr.open_zarr(store, group=paths.analysis(model_key, key),
                                                        consolidated=False)) for key in keys}
 
 
@@ -41,7 +39,7 @@ def check_request(store: str, model_key: str, reference: str, constraints: Const
     if reference not in keys:
         raise LayerwaveError(f"no analysis with token filter {reference} for {model_key}; have {', '.join(keys)}")
     check_methods(methods)
-    n_layers = xr.open_zarr(store, group=f"{model_key}/{ANALYSIS}/{reference}", consolidated=False).sizes["layer"]
+    n_layers = xr.open_zarr(store, group=paths.analysis(model_key, reference), consolidated=False).sizes["layer"]
     constraints.allowed(n_layers)
     return keys
 
@@ -49,7 +47,7 @@ def check_request(store: str, model_key: str, reference: str, constraints: Const
 def selection_key(store: str, model_key: str, filters: list[str], constraints: Constraints, methods: list[str],
                   seed: int, n_random: int) -> str:
     """The selection's inputs: every analysis it reads (by their own keys) and the request."""
-    analyses = {key: open_existing(store, f"{model_key}/{ANALYSIS}/{key}").attrs.get("stage_key") for key in filters}
+    analyses = {key: open_existing(store, paths.analysis(model_key, key)).attrs.get("stage_key") for key in filters}
     return stage_key(analyses, constraints, sorted(methods), seed, n_random)
 
 
@@ -58,7 +56,7 @@ def propose_task(store: str, model_key: str, reference: str, constraints: Constr
                  seed: int, n_random: int) -> str:
     """Write `<model>/selection/<reference>` unless it is current; returns its group path."""
     filters = check_request(store, model_key, reference, constraints, methods)
-    path = f"{model_key}/{SELECTION}/{reference}"
+    path = paths.selection(model_key, reference)
     key = selection_key(store, model_key, filters, constraints, methods, seed, n_random)
     if group_is_current(store, path, key):
         get_run_logger().info("selection %s is current", path)

@@ -8,6 +8,7 @@ from prefect import flow, get_run_logger, task
 from prefect.artifacts import create_table_artifact
 from prefect.cache_policies import NO_CACHE
 
+from store.paths import Workspace
 from store.errors import LayerwaveError
 from store.read import open_activations
 from tasks import load_model
@@ -86,7 +87,7 @@ def train_head(model: str = "smollm2-135m", store: str = "layerwave.zarr", layer
     n = ds.sizes["layer"] - 1
     layers = list(layers) if layers is not None else eagle3_default(n) or []
     check_request(store, model, layers, preset_name, fmt, ttt_steps, epochs, device, **recipe)
-    out = out or str(Path(store).with_name(Path(store).stem + ".heads") / key / "-".join(map(str, layers)))
+    out = out or str(Workspace(store).single_head(key, layers))
     target = load_model.verifier(ds.attrs["model"].get("argument", model))
     warning = runtime_warning(layers)
     if warning:

@@ -8,7 +8,7 @@ import dask.array as da
 import xarray as xr
 import zarr
 
-from store import schema
+from store import paths, schema
 from store.access import check_schema
 from store.dtypes import decode
 from store.errors import LayerwaveError
@@ -23,7 +23,7 @@ def open_activations(store: str, model_key: str, *, allow_incomplete: bool = Fal
     written before that codec.
     """
     check_schema(store)
-    group_path = schema.activations_path(model_key)
+    group_path = paths.activations(model_key)
     try:
         zarr.open_group(store, path=group_path, mode="r", use_consolidated=False)
     except (FileNotFoundError, zarr.errors.GroupNotFoundError):

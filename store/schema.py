@@ -15,8 +15,6 @@ ENTROPY, LOSS_MASK = "entropy", "loss_mask"
 TOPK_IDS, TOPK_LOGPROBS = "target_topk_ids", "target_topk_logprobs"
 SHARD_COMMITTED = "shard_committed"
 
-ACTIVATIONS = "activations"
-
 LAYER_CONVENTION = (
     "hf-output-hidden-states: layer 0 = embedding output, layer k = output of decoder layer k-1 "
     "(input of decoder layer k), layer N = last entry (after the final norm for Llama-family "
@@ -31,7 +29,3 @@ LABELS_DOC = (
     "can be recomputed from hidden_states at layer N with the target's lm_head."
 )
 
-
-def activations_path(model_key: str) -> str:
-    """Group path of a model's activations inside the store."""
-    return f"{model_key}/{ACTIVATIONS}"

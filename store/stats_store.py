@@ -9,20 +9,14 @@ from __future__ import annotations
 import numpy as np
 import zarr
 
+from store import paths
 from store.access import open_existing
 from store.errors import LayerwaveError
-
-STATS = "stats"
-
-
-def stats_path(model_key: str, filter_key: str) -> str:
-    return f"{model_key}/{STATS}/{filter_key}"
-
 
 def create_stats_group(store: str, model_key: str, filter_key: str, n_layers: int, d: int) -> zarr.Group:
     """A fresh, empty statistics group (replacing any earlier one for this filter)."""
     root = zarr.open_group(store, mode="a", use_consolidated=False)
-    path = stats_path(model_key, filter_key)
+    path = paths.stats(model_key, filter_key)
     if path in root:
         del root[path]
     group = root.require_group(path)
@@ -38,7 +32,7 @@ def create_stats_group(store: str, model_key: str, filter_key: str, n_layers: in
 
 def open_stats(store: str, model_key: str, filter_key: str) -> zarr.Group | None:
     """The complete statistics group, or None when missing or interrupted."""
-    group = open_existing(store, stats_path(model_key, filter_key))
+    group = open_existing(store, paths.stats(model_key, filter_key))
     return group if group is not None and group.attrs.get("complete") else None
 
 

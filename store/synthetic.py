@@ -7,7 +7,7 @@ from typing import Callable
 
 import numpy as np
 
-from store import commit, schema
+from store import commit, paths, schema
 from store.access import consolidate, open_root
 from store.dtypes import encode
 from store.layout import Layout, create_template
@@ -25,7 +25,7 @@ def write_synthetic(store: str, model_key: str, *, n_layers: int, hidden_size: i
     tokens = np.arange(n_tokens)
     entropy = np.linspace(0, 4, n_tokens, dtype=np.float32) if entropy is None else entropy.astype(np.float32)
     root = open_root(store)
-    group = root.require_group(model_key).create_group(schema.ACTIVATIONS, overwrite=True)
+    group = root.require_group(model_key).create_group(paths.ACTIVATIONS, overwrite=True)
     per_token = {schema.TOKEN_ID: (tokens % 1000).astype(np.int32), schema.DOC: (tokens // doc_length).astype(np.int32),
                  schema.POSITION: (tokens % doc_length).astype(np.int32),
                  schema.LOSS_MASK: np.ones(n_tokens, dtype=bool)}

@@ -9,7 +9,7 @@ from contextlib import contextmanager
 import numpy as np
 import zarr
 
-from store import commit, schema
+from store import commit, paths, schema
 from store.access import check_schema
 from store.dtypes import decode
 from store.errors import LayerwaveError, is_damaged_chunk, store_writes
@@ -20,7 +20,7 @@ SHARD_ARRAYS = (schema.HIDDEN_STATES, schema.ENTROPY, schema.TOPK_IDS, schema.TO
 
 def _open(store: str, model_key: str | None = None, mode: str = "r") -> zarr.Group:
     """The store root or a model's activations; a missing one is the user's mistake, not a crash."""
-    path = schema.activations_path(model_key) if model_key else ""
+    path = paths.activations(model_key) if model_key else ""
     try:
         return zarr.open_group(store, path=path, mode=mode, use_consolidated=False)
     except (FileNotFoundError, zarr.errors.GroupNotFoundError):
@@ -29,7 +29,7 @@ def _open(store: str, model_key: str | None = None, mode: str = "r") -> zarr.Gro
 
 
 def model_keys(store: str) -> list[str]:
-    return sorted(name for name, group in _open(store).groups() if schema.ACTIVATIONS in group)
+    return sorted(name for name, group in _open(store).groups() if paths.ACTIVATIONS in group)
 
 
 def verify_model(store: str, model_key: str) -> tuple[list[str], list[int]]:
@@ -90,7 +90,7 @@ def uncommit(store: str, model_key: str, shards: list[int]) -> None:
 
 def extract_command(store: str, model_key: str) -> str:
     """The `layerwave extract` command line that resumes this model's extraction."""
-    attrs = zarr.open_group(store, path=schema.activations_path(model_key), mode="r", use_consolidated=False).attrs
+    attrs = zarr.open_group(store, path=paths.activations(model_key), mode="r", use_consolidated=False).attrs
     corpus, extraction, layout = attrs["corpus"], attrs["extraction"], attrs["layout"]
     arguments = {"model": attrs["model"]["argument"], "corpus": corpus["spec"], "tokens": corpus["tokens_requested"],
                  "seed": corpus["seed"], "max-length": corpus["max_length"], "topk": extraction["topk"],

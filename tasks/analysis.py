@@ -9,15 +9,13 @@ import numpy as np
 import xarray as xr
 import zarr
 
+from store import paths
 from store.errors import LayerwaveError
 from store.stats_store import BlockReader, open_stats, require_stats
 from tasks.layer_ids import check_layers
 from tasks.stage_key import group_is_current, mark_group_current, stage_key
 from tasks.measures import (aggregate_covariance, debiased_cka, h2_from_frobenius, h2_subset_closed_form, linear_cka,
                             renyi_entropy, spectrum)
-
-ANALYSIS = "analysis"
-
 
 def layer_measures(store: str, model_key: str, filter_key: str, alphas=(1.0, 2.0)) -> xr.Dataset:
     """Per-layer Rényi entropies, normalised entropy, effective rank, and both CKA matrices."""
@@ -63,7 +61,7 @@ def analysis_key(stats: zarr.Group, alphas) -> str:
 
 def write_measures(store: str, model_key: str, filter_key: str, alphas) -> None:
     """`<model>/analysis/<filter>`, with its stage key written last so a killed write never looks current."""
-    path = f"{model_key}/{ANALYSIS}/{filter_key}"
+    path = paths.analysis(model_key, filter_key)
     layer_measures(store, model_key, filter_key, alphas).to_zarr(store, group=path, mode="w", consolidated=False)
     mark_group_current(store, path, analysis_key(require_stats(store, model_key, filter_key), alphas))
 
@@ -71,7 +69,7 @@ def write_measures(store: str, model_key: str, filter_key: str, alphas) -> None:
 def measures_current(store: str, model_key: str, filter_key: str, alphas) -> bool:
     """True when `<model>/analysis/<filter>` was computed from the current statistics with these orders."""
     stats = open_stats(store, model_key, filter_key)
-    return stats is not None and group_is_current(store, f"{model_key}/{ANALYSIS}/{filter_key}",
+    return stats is not None and group_is_current(store, paths.analysis(model_key, filter_key),
                                                   analysis_key(stats, alphas))
 
 

@@ -13,7 +13,7 @@ import zarr
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
-from store import commit, schema
+from store import commit, paths, schema
 from store.access import check_schema, consolidate, open_root
 from store.dtypes import choose_storage_dtype, encode
 from store.errors import LayerwaveError, store_writes
@@ -104,14 +104,14 @@ def prepare_store(request: ExtractRequest) -> dict:
                 "pass --overwrite to replace them, or use another --store"
             )
         if existing is not None:
-            del root[key][schema.ACTIVATIONS]  # an interrupted template or a replaced extraction
+            del root[key][paths.ACTIVATIONS]  # an interrupted template or a replaced extraction
         storage_dtype = choose_storage_dtype(request.storage_dtype, loaded.model.dtype, probe_peak)
         layout = Layout(n_layers=n_layers, n_tokens=plan.n_tokens, hidden_size=loaded.hidden_size,
                         topk=request.topk, tokens_per_chunk=tokens_per_chunk, chunks_per_shard=chunks_per_shard,
                         storage_dtype=storage_dtype)
         batch_tokens = request.batch_tokens or auto_batch_tokens(
             loaded.device, n_layers, loaded.hidden_size, loaded.model.config.vocab_size)
-        group = root.require_group(key).create_group(schema.ACTIVATIONS)
+        group = root.require_group(key).create_group(paths.ACTIVATIONS)
         group.create_array("source_record", shape=plan.source_record.shape, dtype="int32",
                            dimension_names=["document"])[:] = plan.source_record
         create_template(group, layout, _per_token(plan), attrs={
@@ -136,7 +136,7 @@ def prepare_store(request: ExtractRequest) -> dict:
 
 def _existing_group(root: zarr.Group, key: str) -> zarr.Group | None:
     try:
-        return root[schema.activations_path(key)]
+        return root[paths.activations(key)]
     except KeyError:
         return None
 
@@ -165,7 +165,7 @@ def _summary(store: str, key: str, group: zarr.Group) -> dict:
 
 
 def open_activations_group(store: str, key: str) -> zarr.Group:
-    return zarr.open_group(store, path=schema.activations_path(key), mode="r+", use_consolidated=False)
+    return zarr.open_group(store, path=paths.activations(key), mode="r+", use_consolidated=False)
 
 
 def _retry_unless_user_error(task, task_run, state) -> bool:

@@ -14,12 +14,6 @@ import xarray as xr  # noqa: E402
 from tasks.report import is_default  # noqa: E402
 
 
-def reports_dir(store: str, model_key: str) -> Path:
-    """`layerwave.zarr` → `layerwave.reports/<model>/`."""
-    path = Path(store)
-    return path.with_name(path.stem + ".reports") / model_key
-
-
 def plot_entropy_vs_depth(measures: dict[str, xr.Dataset], path: Path, title: str) -> Path:
     figure, axis = plt.subplots(figsize=(7, 4))
     for key, ds in measures.items():

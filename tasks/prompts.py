@@ -6,7 +6,7 @@ from pathlib import Path
 
 import numpy as np
 
-from store import schema
+from store import paths, schema
 from store.access import open_existing
 from store.errors import LayerwaveError
 from tasks.corpus import load_corpus
@@ -36,7 +36,7 @@ def used_records(store: str | None, model_key: str) -> set[int]:
     """Corpus records a store's extraction used (so held-out prompts never overlap training data)."""
     if not store:
         return set()
-    group = open_existing(store, schema.activations_path(model_key))
+    group = open_existing(store, paths.activations(model_key))
     if group is None:
         return set()
     spec = group.attrs.get("corpus", {}).get("spec", "")
@@ -95,7 +95,7 @@ def heldout_prompts(store: str | None, model_key: str, seed: int, holdout: float
     simulates."""
     if not store:
         raise LayerwaveError("--bench heldout replays a store's held-out documents; pass --store")
-    group = open_existing(store, schema.activations_path(model_key))
+    group = open_existing(store, paths.activations(model_key))
     if group is None:
         raise LayerwaveError(f"no activations for {model_key} in {store}; run `layerwave extract` first")
     doc, token_id, mask = group[schema.DOC][:], group[schema.TOKEN_ID][:], group[schema.LOSS_MASK][:]

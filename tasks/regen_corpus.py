@@ -6,7 +6,6 @@ Kept apart from the generation itself so reading a corpus never imports torch.
 from __future__ import annotations
 
 import json
-import re
 from pathlib import Path
 
 from store.errors import LayerwaveError
@@ -72,8 +71,3 @@ def generator_key(spec: str) -> str | None:
     manifest = read_manifest(Path(spec[6:]).expanduser())
     return manifest["model"]["key"] if manifest else None
 
-
-def corpus_dir(store: str, model_key: str, source: str) -> Path:
-    """Where a store's generated corpora live by default: beside it, one folder per model and source."""
-    name = re.sub(r"[^A-Za-z0-9._-]+", "-", Path(source.split(":", 1)[-1]).stem if ":" in source else source)
-    return Path(store).with_name(Path(store).stem + ".corpora") / f"{model_key}-{name}"

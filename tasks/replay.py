@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from store.paths import Workspace
 from store.errors import LayerwaveError
 from tasks.offline_tau import offline_tau
 from tasks.prompts import first_turns, used_records
@@ -25,20 +26,6 @@ from tasks.train_data import StoreBatches
 BENCHES = ("mt-bench", "sharegpt")
 
 
-def replay_root(store: str, model_key: str) -> Path:
-    """`layerwave-study.zarr` → `layerwave-study.replay/<model>/`."""
-    path = Path(store)
-    return path.with_name(path.stem + ".replay") / model_key
-
-
-def replay_store(store: str, model_key: str, bench: str) -> str:
-    return str(replay_root(store, model_key) / f"{bench}.zarr")
-
-
-def replay_corpus(store: str, model_key: str, bench: str) -> Path:
-    return replay_root(store, model_key) / f"{bench}-replies"
-
-
 def write_prompts(store: str, model_key: str, bench: str, count: int) -> Path:
     """A JSONL of `count` first user turns of `bench` for the target to answer; ShareGPT ones are
     those the training store did not use, in the evaluation's own seeded order."""
@@ -46,7 +33,7 @@ def write_prompts(store: str, model_key: str, bench: str, count: int) -> Path:
         raise LayerwaveError(f"cannot replay --bench {bench!r}; use one of {', '.join(BENCHES)}")
     exclude = used_records(store, model_key) if bench == "sharegpt" else frozenset()
     turns = first_turns(bench, count, exclude=exclude)
-    path = replay_root(store, model_key) / f"{bench}-prompts.jsonl"
+    path = Workspace(store).replay_prompts(model_key, bench)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("".join(json.dumps({"prompt": turn}) + "\n" for turn in turns))
     return path
@@ -60,6 +47,6 @@ def corpus_tokens(corpus: Path) -> int:
 def replay_tau(head, store: str, model_key: str, bench: str, depth: int, eos: int | None,
                max_new_tokens: int) -> dict:
     """Chain τ of `head` along every stored reply of `bench`, each cut at `max_new_tokens`."""
-    data = StoreBatches(replay_store(store, model_key, bench), model_key, head.config.layers, seq_len=1,
+    data = StoreBatches(Workspace(store).replay_store(model_key, bench), model_key, head.config.layers, seq_len=1,
                         batch_size=1, seed=0, holdout=1.0)
     return {**offline_tau(head, data, depth, eos, max_new_tokens, first_turn_only=True), "method": "replay"}

@@ -12,30 +12,13 @@ import math
 from pathlib import Path
 
 import numpy as np
+from store.paths import Workspace
+from store import paths
 
 SCORES = ("aggregate_h1", "aggregate_h2", "mean_entropy", "mean_pairwise_cka")
 # Two-sided 95% Student t quantiles for 1..30 degrees of freedom (no SciPy dependency).
 T95 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145, 2.131,
        2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042)
-
-
-def heads_root(store: str, model_key: str, preset: str) -> Path:
-    """`layerwave.zarr` → `layerwave.heads/<model>/<preset>/`."""
-    path = Path(store)
-    return path.with_name(path.stem + ".heads") / model_key / preset
-
-
-def head_dir(store: str, model_key: str, preset: str, layers: list[int], seed: int) -> Path:
-    return heads_root(store, model_key, preset) / "-".join(map(str, layers)) / f"seed-{seed}"
-
-
-def screen_dir(store: str, model_key: str, preset: str, layers: list[int], seed: int) -> Path:
-    """Screening heads live apart from the finals': same set and seed, a shorter budget."""
-    return heads_root(store, model_key, preset) / "screen" / "-".join(map(str, layers)) / f"seed-{seed}"
-
-
-def evaluation_path(head: Path, bench: str) -> Path:
-    return head / "evaluation" / f"{bench.replace('/', '_').replace(':', '_')}.json"
 
 
 def t95(df: float) -> float:
@@ -96,7 +79,8 @@ def result_rows(candidates: list[dict], evaluations: dict[tuple, list[dict]], be
             rows.append({"layers": candidate["layers"], "method": ",".join(candidate["methods"]), "bench": bench,
                          "tau_mean": tau, "tau_ci95": tau_ci, "speedup_mean": speedup, "speedup_ci95": speedup_ci,
                          "seeds": [r["seed"] for r in runs], "tau_per_seed": [r["tau"] for r in runs],
-                         "lossless": all(r.get("lossless") is not False for r in runs),
+                         "lossless": None if all(r.get("lossless") is None for r in runs)  # replayed: not decoded
+                         else all(r.get("lossless") is not False for r in runs),
                          "busy_seeds": [r["seed"] for r in runs if (r.get("contention") or {}).get("flagged")],
                          **{name: candidate[name] for name in SCORES}})
     return rows
@@ -186,21 +170,48 @@ def screening_markdown(screening: list[dict], chosen: list[list[int]]) -> list[s
     return lines + [""]
 
 
-def markdown(title: str, facts: dict, plots: list[str], candidates: list[dict], rows: list[dict],
-             correlation: dict, benches: list[str], screening: list[dict] | None = None) -> str:
+def definitions(replayed: bool, depth: int) -> list[str]:
+    """What τ and the speed-up are, in the report itself."""
+    lines = ["## What the numbers mean", "",
+             f"- **τ** (tau): tokens the target emits per verification forward when the head drafts a chain of "
+             f"{depth} tokens per round and the target keeps the longest correct prefix plus one token of its own "
+             "(greedy, so the output is exactly the target's). 1.0 means no draft is ever accepted; "
+             f"{depth + 1} is the most a round can give.",
+             "- **τ_offline**: the same rounds simulated along stored replies of the target, without running it."]
+    if replayed:
+        lines.append("- Here τ is replayed along the target's own greedy replies to each benchmark's prompts, "
+                     "generated once (tasks/replay.py): the τ real greedy decoding measures, for every head "
+                     "and prompt. No speed-up is measured (n/a).")
+    else:
+        lines.append("- **speed-up**: time of the target decoding alone (plain Hugging Face greedy `generate`, "
+                     "same prompts, back to back, order alternating) over the time of speculative decoding; "
+                     "below 1 it is slower. On a CPU a round costs 1.4–1.5 plain steps, so τ must exceed that "
+                     "before it pays (README, 'Decoding speed on a CPU').")
+    return lines + [""]
+
+
+def markdown(title: str, facts: dict, plots: list[tuple[str, str]], candidates: list[dict], rows: list[dict],
+             correlation: dict, benches: list[str], screening: list[dict] | None = None,
+             replayed: bool = False) -> str:
     lines = [f"# {title}", ""]
     lines += [f"- {name}: {value}" for name, value in facts.items()] + [""]
-    lines += [f"![{Path(p).stem}]({p})" for p in plots] + [""]
+    lines += definitions(replayed, facts.get("draft depth", 4))
+    for number, (name, caption) in enumerate(plots, 1):
+        lines += [f"![{Path(name).stem}]({name})", "", f"*Figure {number}. {caption}*", ""]
     lines += ["## Candidate layer sets (HF hidden_states indices)", "",
               "| layers | methods | " + " | ".join(SCORES) + " |", "|---|---|" + "---:|" * len(SCORES)]
     lines += [f"| {c['layers']} | {', '.join(c['methods'])} | " + " | ".join(f"{c[s]:.3f}" for s in SCORES) + " |"
               for c in candidates]
     lines += [""] + screening_markdown(screening or [], [c["layers"] for c in candidates])
-    lines += ["", "## Speculative decoding per set (mean over seeds, ± 95% t interval)", "",
-              "| layers | methods | bench | τ | speed-up | seeds | lossless | timed on a busy machine |",
+    one_seed = rows and max(len(r["seeds"]) for r in rows) < 2
+    lines += ["", "## Speculative decoding per set (mean over seeds, ± 95% t interval)", ""]
+    if one_seed:
+        lines += ["One seed per set: no interval across seeds, so no difference between sets is tested.", ""]
+    lines += ["| layers | methods | bench | τ | speed-up | seeds | lossless | timed on a busy machine |",
               "|---|---|---|---:|---:|---:|---|---|"]
     lines += [f"| {r['layers']} | {r['method']} | {r['bench']} | {_pm(r['tau_mean'], r['tau_ci95'])} | "
-              f"{_pm(r['speedup_mean'], r['speedup_ci95'])} | {len(r['seeds'])} | {r['lossless']} | "
+              f"{_pm(r['speedup_mean'], r['speedup_ci95'])} | {len(r['seeds'])} | "
+              f"{'n/a' if r['lossless'] is None else r['lossless']} | "
               + (f"seeds {r['busy_seeds']}" if r.get("busy_seeds") else "no") + " |"
               for r in sorted(rows, key=lambda r: (r["bench"], -r["tau_mean"]))]
     predictors = list(next(iter(correlation.values()), {}))
@@ -224,7 +235,7 @@ def load_evaluations(store: str, model_key: str, preset: str, candidates: list[d
     for candidate in candidates:
         for bench in benches:
             for seed in seeds:
-                path = evaluation_path(head_dir(store, model_key, preset, candidate["layers"], seed), bench)
+                path = paths.evaluation(Workspace(store).head(model_key, preset, candidate["layers"], seed), bench)
                 if path.is_file():
                     found.setdefault((tuple(candidate["layers"]), bench), []).append(
                         {**json.loads(path.read_text()), "seed": seed})

@@ -25,22 +25,30 @@ class Decoder:
 
 
 def side_by_side(baseline: Decoder, decoders: list[Decoder], prompts: list[list[int]],
-                 progress: Callable[[str], None] = lambda line: None) -> dict[str, list[dict]]:
-    """Per decoder, one row per prompt: its generation beside the baseline's on that prompt."""
+                 progress: Callable[[str], None] = lambda line: None, repeat: int = 1) -> dict[str, list[dict]]:
+    """Per decoder, one row per prompt: its generation beside the baseline's on that prompt.
+    With `repeat` > 1 every prompt's runs are timed that many times (the order alternating each
+    time) and each side keeps its median time, so one disturbed run moves nothing."""
     rows: dict[str, list[dict]] = {decoder.name: [] for decoder in decoders}
     started = time.perf_counter()
     for number, prompt in enumerate(prompts):
-        order = [baseline, *decoders] if number % 2 == 0 else [*decoders, baseline]
-        runs = {decoder.name: decoder.decode(prompt) for decoder in order}
+        timings = []
+        for time_number in range(repeat):
+            forward = (number + time_number) % 2 == 0
+            order = [baseline, *decoders] if forward else [*decoders, baseline]
+            timings.append({decoder.name: decoder.decode(prompt) for decoder in order})
+        runs = timings[0]  # greedy: every repetition generates the same tokens (sampled: the first is kept)
+        seconds = {name: float(np.median([t[name].seconds for t in timings])) for name in runs}
         base = runs[baseline.name]
         for decoder in decoders:
             run = runs[decoder.name]
             rows[decoder.name].append({
                 "prompt": number, "tokens": len(run.tokens), "forwards": run.forwards, "tau": run.tau,
-                "accepted": run.accepted, "seconds": run.seconds, "baseline_tokens": len(base.tokens),
-                "baseline_seconds": base.seconds, "matches_baseline": run.tokens == base.tokens})
+                "accepted": run.accepted, "seconds": seconds[decoder.name], "baseline_tokens": len(base.tokens),
+                "baseline_seconds": seconds[baseline.name], "matches_baseline": run.tokens == base.tokens,
+                "timings": repeat})
         progress(f"prompt {number + 1}/{len(prompts)}: " + ", ".join(
-            f"{name} {len(run.tokens) / run.seconds:.1f} tok/s" for name, run in runs.items())
+            f"{name} {len(run.tokens) / seconds[name]:.1f} tok/s" for name, run in runs.items())
             + rate_eta(number + 1, len(prompts), time.perf_counter() - started))
     return rows
 

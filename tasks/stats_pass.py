@@ -17,7 +17,7 @@ import dask
 import numpy as np
 import zarr
 
-from store import schema
+from store import paths, schema
 from store.dtypes import decode
 from store.layout import Layout
 from store.stats_store import create_stats_group
@@ -137,7 +137,7 @@ def provisional_shift(store: str, group_path: str, layout: Layout) -> np.ndarray
 def accumulate_statistics(store: str, model_key: str, masks: dict[str, np.ndarray], config: PassConfig,
                           source: dict, scheduler: dict, progress=None) -> dict:
     """Run the pass and write `<model>/stats/<filter>` for every mask; returns small metadata."""
-    group_path = schema.activations_path(model_key)
+    group_path = paths.activations(model_key)
     layout = Layout(**zarr.open_group(store, path=group_path, mode="r", use_consolidated=False).attrs["layout"])
     d = effective_dim(layout.n_layers, layout.hidden_size, config.sketch_dim)
     proj = projection(layout.hidden_size, d)

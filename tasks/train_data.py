@@ -14,7 +14,7 @@ import numpy as np
 import torch
 import zarr
 
-from store import schema
+from store import paths, schema
 from store.dtypes import decode
 from store.layout import Layout
 from tasks.plan import documents_in
@@ -52,7 +52,7 @@ def heldout_documents(n_docs: int, fraction: float, seed: int) -> np.ndarray:
 class StoreBatches:
     def __init__(self, store: str, model_key: str, layers: list[int], *, seq_len: int, batch_size: int, seed: int,
                  holdout: float = 0.05):
-        self.group = zarr.open_group(store, path=schema.activations_path(model_key), mode="r", use_consolidated=False)
+        self.group = zarr.open_group(store, path=paths.activations(model_key), mode="r", use_consolidated=False)
         self.layout = Layout(**self.group.attrs["layout"])
         self.layers, self.seq_len, self.batch_size, self.seed = list(layers), seq_len, batch_size, seed
         self.doc = self.group[schema.DOC][:]  # read once: every epoch's plan splits it again

@@ -65,6 +65,22 @@ def test_side_by_side_alternates_the_order_and_reports_the_median_ratio():
     assert median_ci95(np.array([2.0])) == (2.0, None)
 
 
+def test_repeat_times_every_prompt_again_and_keeps_each_sides_median():
+    seconds = {"target": iter([1.0, 9.0, 1.2, 2.0, 2.0, 2.0]), "fast": iter([0.5, 0.6, 8.0, 1.0, 1.0, 1.0])}
+    calls = []
+
+    def timed(name):
+        def decode(prompt):
+            calls.append(name)
+            return Generation(tokens=[1, 2, 3], forwards=2, seconds=next(seconds[name]))
+        return Decoder(name, decode)
+
+    rows = side_by_side(timed("target"), [timed("fast")], [[0], [1]], repeat=3)["fast"]
+    assert calls == ["target", "fast", "fast", "target"] * 3  # the order alternates at every timing
+    assert [(r["seconds"], r["baseline_seconds"], r["timings"]) for r in rows] == [(0.6, 1.2, 3), (1.0, 2.0, 3)]
+    assert summarize(rows, depth=None)["speedup"] == 2.0  # the busy 9 s and 8 s runs moved nothing
+
+
 def test_auto_picks_the_depth_with_the_most_expected_tokens_per_second():
     assert expected_tokens([0.5, 0.25, 0.1], 2) == 1.75
     strong = choose_depth([0.5, 0.25], {1: 1.2, 2: 1.5}, plain_step=1.0)  # 1.25 and 1.17 tokens per step

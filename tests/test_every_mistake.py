@@ -63,6 +63,8 @@ CASES = {
     "select before analyze": (lambda w: ["select", "--model", TINY, "--store", w["store"]], "no analysis for"),
     "evaluate --depth 0": (lambda w: ["evaluate", "--model", TINY, "--head", w["head"], "--depth", "0"],
                            "--depth must be at least 1"),
+    "evaluate --repeat 0": (lambda w: ["evaluate", "--model", TINY, "--head", w["head"], "--repeat", "0"],
+                            "--repeat must be at least 1"),
     "evaluate --max-new-tokens 0": (lambda w: ["evaluate", "--model", TINY, "--head", w["head"],
                                                "--max-new-tokens", "0"], "--max-new-tokens must be at least 1"),
     "evaluate --temperature -1": (lambda w: ["evaluate", "--model", TINY, "--head", w["head"],

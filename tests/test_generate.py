@@ -11,7 +11,6 @@ from flows.cli import main
 from flows.generate import generate
 from store.read import open_activations
 from tasks.corpus import load_corpus
-from tasks.load_model import load
 from tasks.regen_corpus import committed_shards, read_generated
 from tasks.spec_decode import plain_generate
 from tests.conftest import GENERATION, TINY, saved_checkpoint

@@ -74,10 +74,19 @@ def test_sweep_runs_only_models_without_a_complete_result(finished, tiny, tmp_pa
 def test_report_command_regenerates_the_report(finished, tmp_path, capsys):
     store, summary = finished
     Path(summary["report"]).unlink()
+    stale = Path(summary["report"]).parent / "cka_all.png"  # as a manual `analyze` without a filter leaves
+    stale.write_bytes(b"not this run's")
     assert main(["report", "--model", TINY, "--preset", "smoke", "--store", store,
                  "--json", str(tmp_path / "r.json")]) == 0
     assert "layerwave report: tiny-random-llama (smoke)" in capsys.readouterr().out
     assert Path(summary["report"]).is_file() and json.loads((tmp_path / "r.json").read_text())["rows"]
+    report = Path(summary["report"]).read_text()
+    figures = [line for line in report.splitlines() if line.startswith("![")]
+    assert figures == ["![entropy_vs_depth](entropy_vs_depth.png)", "![cka_all-drop-first](cka_all-drop-first.png)",
+                       "![tau_by_set](tau_by_set.png)"]  # pipeline order, the filter selection used, nothing stale
+    assert report.count("*Figure ") == 3 and "## What the numbers mean" in report and "**τ** (tau)" in report
+    assert "time of the target decoding alone" in report  # the speed-up's baseline
+    assert "One seed per set: no interval across seeds" in report
 
 
 @pytest.mark.parametrize("argv, message", [

@@ -12,7 +12,7 @@ import pytest
 from flows.evaluate import evaluate
 from flows.pipeline import pipeline
 from store.read import open_activations
-from tasks.replay import replay_root, replay_store
+from store.paths import Workspace
 from tasks.study import finalists, screening_rows
 from tests.conftest import TINY
 from tests.test_pipeline import modification_times
@@ -41,12 +41,12 @@ def test_every_candidate_is_screened_and_the_finalists_come_from_the_screening(s
 def test_replayed_tau_equals_real_decoding_on_the_same_prompts(studied):
     store, summary = studied
     for bench in ("mt-bench", "sharegpt"):
-        replies = open_activations(replay_store(store, TINY, bench), TINY)
+        replies = open_activations(Workspace(store).replay_store(TINY, bench), TINY)
         assert replies.attrs["complete"] and replies.attrs["corpus"]["spec"].startswith("regen:")
     head = Path(store).with_name("study.heads") / TINY / "smoke-study" / "2-4-5" / "seed-0"
     replayed = json.loads((head / "evaluation" / "mt-bench.json").read_text())
     assert replayed["method"] == "replay" and replayed["speedup"] is None and replayed["replies"] == 4
-    prompts = replay_root(store, TINY) / "mt-bench-prompts.jsonl"  # its 4 prompts: one shard answered them all
+    prompts = Workspace(store).replay_prompts(TINY, "mt-bench")  # its 4 prompts: one shard answered them all
     real = evaluate(model=TINY, head=str(head), bench=f"jsonl:{prompts}", limit=None, max_new_tokens=12, depth=3)
     assert real["lossless"] and real["tau"] == pytest.approx(replayed["tau"], abs=1e-9)
 

@@ -1,0 +1,109 @@
+"""Where everything lives: every group inside a store and every artefact beside it, in one place.
+
+Inside the store, one group per model: `<model>/activations`, `<model>/stats/<filter>`,
+`<model>/analysis/<filter>`, `<model>/selection/<filter>`. Beside it, folders that share the
+store's name (`layerwave.zarr` → `layerwave.heads/`, `.reports/`, `.corpora/`, `.replay/`):
+
+    <name>.heads/<model>/<preset>/<layers>/seed-N/           a pipeline's head (export, training.json)
+    <name>.heads/<model>/<preset>/screen/<layers>/seed-N/    a study's screening head
+    <name>.heads/<model>/<layers>/                           `layerwave train` without --out
+    …/seed-N/evaluation/<bench>.json                         one evaluation of a head
+    <name>.reports/<model>/report.md, pipeline-<preset>.json a model's report, a pipeline's completion marker
+    <name>.corpora/<model>-<source>/                         the target's own replies (`layerwave generate`)
+    <name>.replay/<model>/<bench>.zarr                       its greedy replies to a benchmark (the study)
+
+Artefacts beside a store are local files; a store given as an fsspec URL (s3://…) holds the
+groups, and the folders beside it are refused in one line rather than written to a mangled path.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from store.errors import LayerwaveError
+
+ACTIVATIONS, STATS, ANALYSIS, SELECTION = "activations", "stats", "analysis", "selection"
+
+
+def activations(model_key: str) -> str:
+    return f"{model_key}/{ACTIVATIONS}"
+
+
+def stats(model_key: str, filter_key: str) -> str:
+    return f"{model_key}/{STATS}/{filter_key}"
+
+
+def analysis(model_key: str, filter_key: str | None = None) -> str:
+    """The analysis of one token filter, or (no filter) the group holding them all."""
+    return f"{model_key}/{ANALYSIS}" + (f"/{filter_key}" if filter_key else "")
+
+
+def selection(model_key: str, filter_key: str) -> str:
+    return f"{model_key}/{SELECTION}/{filter_key}"
+
+
+def layer_set(layers: list[int]) -> str:
+    """[2, 15, 27] → "2-15-27", the folder name of a head."""
+    return "-".join(map(str, layers))
+
+
+def evaluation(head: Path, bench: str) -> Path:
+    """One benchmark's result beside a head (a jsonl:PATH bench becomes a safe file name)."""
+    return Path(head) / "evaluation" / f"{bench.replace('/', '_').replace(':', '_')}.json"
+
+
+def is_url(store: str) -> bool:
+    return "://" in str(store)
+
+
+@dataclass(frozen=True)
+class Workspace:
+    """A store and the folders beside it."""
+
+    store: str
+
+    def beside(self, kind: str) -> Path:
+        if is_url(self.store):
+            raise LayerwaveError(f"store {self.store} is a URL: its {kind} cannot live beside it yet; use a local "
+                                 "--store for this stage (or pass --out where the command takes one)")
+        path = Path(self.store)
+        return path.with_name(path.stem + f".{kind}")
+
+    def heads(self, model_key: str, preset: str) -> Path:
+        return self.beside("heads") / model_key / preset
+
+    def head(self, model_key: str, preset: str, layers: list[int], seed: int) -> Path:
+        return self.heads(model_key, preset) / layer_set(layers) / f"seed-{seed}"
+
+    def screening_head(self, model_key: str, preset: str, layers: list[int], seed: int) -> Path:
+        """Same set and seed as a final head, a shorter budget: kept apart."""
+        return self.heads(model_key, preset) / "screen" / layer_set(layers) / f"seed-{seed}"
+
+    def single_head(self, model_key: str, layers: list[int]) -> Path:
+        """Where `layerwave train` puts a head when no --out is given."""
+        return self.beside("heads") / model_key / layer_set(layers)
+
+    def reports(self, model_key: str) -> Path:
+        return self.beside("reports") / model_key
+
+    def completion(self, model_key: str, preset: str) -> Path:
+        return self.reports(model_key) / f"pipeline-{preset}.json"
+
+    def corpus(self, model_key: str, source: str) -> Path:
+        """The target's own replies to `source` (its file stem for a jsonl:PATH)."""
+        name = Path(source.split(":", 1)[-1]).stem if ":" in source else source
+        return self.beside("corpora") / f"{model_key}-{re.sub(r'[^A-Za-z0-9._-]+', '-', name)}"
+
+    def replay(self, model_key: str) -> Path:
+        return self.beside("replay") / model_key
+
+    def replay_store(self, model_key: str, bench: str) -> str:
+        return str(self.replay(model_key) / f"{bench}.zarr")
+
+    def replay_corpus(self, model_key: str, bench: str) -> Path:
+        return self.replay(model_key) / f"{bench}-replies"
+
+    def replay_prompts(self, model_key: str, bench: str) -> Path:
+        return self.replay(model_key) / f"{bench}-prompts.jsonl"
