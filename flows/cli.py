@@ -193,13 +193,12 @@ def _run_train(args) -> dict:
     from tasks.layer_ids import eagle3_default
     from tasks.registry import store_key
 
-    key = store_key(args.model)
-    n_layers = open_activations(args.store, key).sizes["layer"]
-    layers = _layer_list(args.layers) if args.layers is not None else eagle3_default(n_layers - 1) or []
+    ds = open_activations(args.store, store_key(args.model))
+    layers = _layer_list(args.layers) if args.layers is not None else eagle3_default(ds.sizes["layer"] - 1) or []
     recipe = {"warm_start": args.warm_start, "freeze_lm_head": args.freeze_lm_head,
               "lm_head_lr_scale": args.lm_head_lr_scale}  # None keeps the preset's (train_head.preset)
-    check_request(args.store, args.model, layers, args.preset, args.format, args.ttt_steps, args.epochs, args.device,
-                  **recipe)
+    check_request(ds, args.store, args.model, layers, args.preset, args.format, args.ttt_steps, args.epochs,
+                  args.device, **recipe)
     _configure_logging()
     from flows.train import train_head
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 from pathlib import Path
 
@@ -28,9 +29,17 @@ from tasks.tree_decode import TreeShape
 
 def load_pair(model: str, head_dir: str, device: str = "auto"):
     """Target and head on `device` (the head in the precision it drafts in: `for_drafting`), refusing
-    a head made for another model or for layers the model lacks."""
+    a head made for another model or for layers the model lacks. Loaded once per process: the
+    request's check and the work share them (a head rewritten on disk is loaded afresh)."""
     if not (Path(head_dir) / "config.json").is_file():
         raise LayerwaveError(f"--head {head_dir} has no config.json; pass a directory written by `layerwave train`")
+    files = [Path(head_dir) / name for name in ("config.json", "model.safetensors")]
+    return _load_pair(model, str(Path(head_dir).resolve()), device,
+                      tuple((p.stat().st_mtime_ns, p.stat().st_size) if p.exists() else None for p in files))
+
+
+@functools.lru_cache(maxsize=2)
+def _load_pair(model: str, head_dir: str, device: str, _signature: tuple):
     key, trained_on = store_key(model), training_split(head_dir)[2]
     if trained_on is not None and trained_on != key:
         raise LayerwaveError(f"head {head_dir} was trained on {trained_on}'s activations, not {key}'s; pass "

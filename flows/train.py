@@ -19,12 +19,12 @@ from tasks.stage_key import current_record, stage_key, write_record
 from tasks.train_head import preset, train
 
 
-def check_request(store: str, model: str, layers: list[int], preset_name: str, fmt: str,
+def check_request(ds, store: str, model: str, layers: list[int], preset_name: str, fmt: str,
                   ttt_steps: int | None = None, epochs: int | None = None, device: str = "auto",
                   **recipe) -> None:
-    """Bad input fails here, before a flow or any training starts."""
+    """Bad input fails here, before a flow or any training starts; `ds` is the model's activations
+    in `store`, opened once by the caller."""
     model_key = store_key(model)
-    ds = open_activations(store, model_key)
     check_group_model(ds.attrs.get("model", {}), model, store)
     for name in ("target_topk_ids", "target_topk_logprobs", "loss_mask"):
         if name not in ds:
@@ -38,14 +38,15 @@ def check_request(store: str, model: str, layers: list[int], preset_name: str, f
 
 @task(name="train-draft-head", cache_policy=NO_CACHE)
 def train_task(store: str, model_key: str, layers: list[int], out: str, preset_name: str, seed: int,
-               ttt_steps: int | None, fmt: str, verifier: dict, epochs: int | None = None,
-               device: str = "auto", recipe: dict | None = None, keep_checkpoint: bool = False) -> dict:
+               ttt_steps: int | None, fmt: str, verifier: dict, plan_hash: str, num_layers: int,
+               epochs: int | None = None, device: str = "auto", recipe: dict | None = None,
+               keep_checkpoint: bool = False) -> dict:
     """Train, export, then record; the resume checkpoint (optimizer state included, larger than the
-    export) is removed once the record is written, unless `keep_checkpoint`."""
+    export) is removed once the record is written, unless `keep_checkpoint`. `plan_hash` and
+    `num_layers` come from the activations the flow opened."""
     logger = get_run_logger()
     config = preset(preset_name, seed=seed, ttt_steps=ttt_steps, epochs=epochs, **(recipe or {}))
-    ds = open_activations(store, model_key)
-    key = stage_key(ds.attrs["plan_hash"], layers, config, fmt, verifier)
+    key = stage_key(plan_hash, layers, config, fmt, verifier)
     finished = current_record(Path(out) / "training.json", key)
     if finished and (Path(out) / "config.json").is_file():  # the record is written after the export
         logger.info("head %s is already trained from these inputs", out)
@@ -54,7 +55,7 @@ def train_task(store: str, model_key: str, layers: list[int], out: str, preset_n
                          device=load_model.pick_device(device))
     logger.info("trainable parameters: %d", record["trainable_parameters"])
     export(head, Path(out), fmt, verifier["name_or_path"], speculative_tokens=config.ttt_steps,
-           architectures=verifier["architectures"], num_layers=ds.sizes["layer"] - 1)
+           architectures=verifier["architectures"], num_layers=num_layers)
     write_record(Path(out) / "training.json", record, key)
     if not keep_checkpoint:
         (Path(out) / "checkpoint.pt").unlink(missing_ok=True)  # only a finished head loses it: resume is kept
@@ -86,14 +87,14 @@ def train_head(model: str = "smollm2-135m", store: str = "layerwave.zarr", layer
     ds = open_activations(store, key)
     n = ds.sizes["layer"] - 1
     layers = list(layers) if layers is not None else eagle3_default(n) or []
-    check_request(store, model, layers, preset_name, fmt, ttt_steps, epochs, device, **recipe)
+    check_request(ds, store, model, layers, preset_name, fmt, ttt_steps, epochs, device, **recipe)
     out = out or str(Workspace(store).single_head(key, layers))
     target = load_model.verifier(ds.attrs["model"].get("argument", model))
     warning = runtime_warning(layers)
     if warning:
         get_run_logger().warning(warning)
     record = train_task(store, key, layers, out, preset_name, seed, ttt_steps, fmt,
-                        {**target, "name_or_path": verifier or target["name_or_path"]}, epochs, device, recipe,
-                        keep_checkpoint)
+                        {**target, "name_or_path": verifier or target["name_or_path"]}, ds.attrs["plan_hash"], n,
+                        epochs, device, recipe, keep_checkpoint)
     return {"out": out, **{k: record[k] for k in ("layers", "steps", "trainable_parameters", "untrained", "final",
                                                    "tokens_per_s", "reused")}}
