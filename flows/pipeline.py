@@ -40,7 +40,7 @@ from tasks.study import finalists, screening_rows, screening_tau
 from tasks.stage_key import current_record, stage_key, write_record
 
 SOURCE = "sharegpt"  # prompts the target answers (or, without generation, the corpus itself)
-BASELINES = ("even", "last-k")
+FIXED_BASELINES = ("even", "last-k")  # the selection's baselines that are neither the default nor random
 
 
 def check_request(model: str, preset: str, limit: int | None, corpus: str | None = None) -> str:
@@ -82,9 +82,9 @@ def by_priority(candidates: list[dict]) -> list[dict]:
         methods = candidate["methods"]
         if "eagle3-default" in methods:
             return 0
-        if any(not m.startswith("random-") and m not in BASELINES for m in methods):
+        if any(not m.startswith("random-") and m not in FIXED_BASELINES for m in methods):
             return 1
-        return 2 if any(m in BASELINES for m in methods) else 3
+        return 2 if any(m in FIXED_BASELINES for m in methods) else 3
     return sorted(candidates, key=rank)
 
 
@@ -210,11 +210,11 @@ def pipeline(model: str = "smollm2-135m", preset: str = "quick", store: str | No
         pace.finish(worked=not trained["reused"] or not all(row["reused"] for row in evaluated[-len(p.benches):]))
         if candidate is chosen[-1]:  # after every seed, so a long run shows its progress
             logger.info(stage_line("report", f"after seed {seed}"))
-            report = report_task(store, key, preset, sets)
+            written = report_task(store, key, preset, sets)
     path = Workspace(store).completion(key, preset)
     path.write_text(json.dumps({"complete": True, "model": model, "preset": preset, "store": store,
                                 "finished": datetime.now(timezone.utc).isoformat()}, indent=2) + "\n")
-    return {"model": model, "preset": preset, "store": store, "report": report["path"], "rows": report["rows"],
+    return {"model": model, "preset": preset, "store": store, "report": written["path"], "rows": written["rows"],
             "evaluated": evaluated}
 
 
