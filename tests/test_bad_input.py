@@ -65,7 +65,7 @@ def assert_refused(capsys, store, corpus, expected: str, *, in_flow: bool = Fals
 @pytest.mark.parametrize("store_kind", ["new", "finished"])
 def test_unknown_model(capsys, tmp_path, corpus, finished_store, store_kind):
     store = finished_store if store_kind == "finished" else tmp_path / "new.zarr"
-    assert_refused(capsys, store, corpus, "unknown model 'no-such-model'; registered models: smollm2-135m",
+    assert_refused(capsys, store, corpus, "unknown model 'no-such-model'; registered models: gemma3-270m, smollm2-135m",
                    model="no-such-model")
 
 
