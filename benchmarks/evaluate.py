@@ -33,7 +33,8 @@ os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 os.environ.setdefault("DO_NOT_TRACK", "1")
 
 from flows.cli import comparison_table  # noqa: E402
-from flows.evaluate import bench_prompts, evaluate, load_pair  # noqa: E402
+from flows.evaluate import evaluate  # noqa: E402
+from tasks.evaluate import bench_prompts, load_pair  # noqa: E402
 from flows.extract import extract  # noqa: E402
 from flows.train import train_head  # noqa: E402
 from tasks.decoders import PROMPT_LOOKUP_TOKENS  # noqa: E402

@@ -67,7 +67,7 @@ def _analyze_parser(sub) -> None:
 
 
 def _run_analyze(args) -> dict:
-    from flows.analyze import token_masks
+    from tasks.analyze import token_masks
     from store.access import check_schema
     from tasks.layer_ids import check_layers
     from tasks.registry import store_key
@@ -129,7 +129,7 @@ def _select_parser(sub) -> None:
 
 
 def _run_select(args) -> dict:
-    from flows.selection import check_request
+    from tasks.select import check_request
     from tasks.registry import store_key
     from tasks.selection import METHODS, Constraints
 
@@ -188,7 +188,7 @@ def _train_parser(sub) -> None:
 
 
 def _run_train(args) -> dict:
-    from flows.train import check_request
+    from tasks.train import check_request
     from store.read import open_activations
     from tasks.layer_ids import eagle3_default
     from tasks.registry import store_key
@@ -249,7 +249,7 @@ def _evaluate_parser(sub) -> None:
 def _run_evaluate(args) -> dict:
     if args.offline:
         return _run_evaluate_offline(args)
-    from flows.evaluate import check_request
+    from tasks.evaluate import check_request
 
     args.limit = 10 if args.limit is None else args.limit
     args.max_new_tokens = 128 if args.max_new_tokens is None else args.max_new_tokens
@@ -425,7 +425,8 @@ def _pipeline_parser(sub) -> None:
 
 
 def _run_pipeline(args) -> dict:
-    from flows.pipeline import check_request, pipeline
+    from flows.pipeline import pipeline
+    from tasks.pipeline_stages import check_request
 
     check_request(args.model, args.preset, args.limit, args.corpus)
     _configure_logging()

@@ -19,73 +19,26 @@ from pathlib import Path
 from prefect import flow, get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
-from store.paths import Workspace
-from store import paths
 from flows.analyze import analyze
-from flows.evaluate import evaluate, load_pair
+from flows.evaluate import evaluate
 from flows.extract import extract
 from flows.generate import generate
-from flows.report import report_task
 from flows.selection import select
 from flows.train import train_head
+from store import paths
 from store.access import open_existing
-from store.read import open_activations
 from store.errors import LayerwaveError
+from store.paths import Workspace
+from store.read import open_activations
+from tasks.evaluate import load_pair
 from tasks.pipeline_presets import REFERENCE_FILTER, PipelinePreset, pipeline_preset, preset_store
+from tasks.pipeline_stages import SOURCE, by_priority, check_request, corpus_for, extraction_current, is_complete
 from tasks.progress import Pace, stage_line
-from tasks.corpus import load_corpus
 from tasks.registry import registry, resolve
 from tasks.replay import corpus_tokens, replay_tau, write_prompts
-from tasks.study import finalists, screening_rows, screening_tau
 from tasks.stage_key import current_record, stage_key, write_record
-
-SOURCE = "sharegpt"  # prompts the target answers (or, without generation, the corpus itself)
-FIXED_BASELINES = ("even", "last-k")  # the selection's baselines that are neither the default nor random
-
-
-def check_request(model: str, preset: str, limit: int | None, corpus: str | None = None) -> str:
-    """A pipeline request's mistakes, before any stage runs; returns the model's store group."""
-    pipeline_preset(preset)
-    if limit is not None and limit < 1:
-        raise LayerwaveError(f"--limit must be at least 1 (got {limit})")
-    key = resolve(model).key  # an unknown model fails here, with the list of known ones
-    if corpus is not None:
-        load_corpus(corpus)
-    return key
-
-
-def corpus_for(store: str, model_key: str, p: PipelinePreset, corpus: str | None) -> str:
-    """The corpus the store is extracted from: `corpus` if given, else the preset's (the target's
-    own replies to ShareGPT prompts, or ShareGPT as is)."""
-    if corpus is not None:
-        return corpus
-    return f"regen:{Workspace(store).corpus(model_key, SOURCE)}" if p.generate_tokens else SOURCE
-
-
-def extraction_current(store: str, model_key: str, model: str, p: PipelinePreset, corpus: str) -> bool:
-    """True when the store holds a complete extraction made with this pipeline's settings, so the
-    extract stage can be skipped without loading the model or the corpus."""
-    group = open_existing(store, paths.activations(model_key))
-    if group is None:
-        return False
-    attrs = group.attrs
-    stored = attrs.get("corpus", {})
-    return bool(attrs.get("complete")) and attrs.get("model", {}).get("argument") == model and (
-        stored.get("spec"), stored.get("tokens_requested"), stored.get("max_length"), stored.get("seed")) == (
-        corpus, p.tokens, p.max_length, 0)
-
-
-def by_priority(candidates: list[dict]) -> list[dict]:
-    """The EAGLE-3 default first, then every selection method's sets, then fixed baselines, then
-    random controls, so a `--limit` keeps the comparison that matters most."""
-    def rank(candidate: dict) -> int:
-        methods = candidate["methods"]
-        if "eagle3-default" in methods:
-            return 0
-        if any(not m.startswith("random-") and m not in FIXED_BASELINES for m in methods):
-            return 1
-        return 2 if any(m in FIXED_BASELINES for m in methods) else 3
-    return sorted(candidates, key=rank)
+from tasks.study import finalists, screening_rows, screening_tau
+from tasks.write_report import report_task
 
 
 @task(name="evaluate-head", cache_policy=NO_CACHE)
@@ -145,11 +98,6 @@ def screen(model: str, store: str, model_key: str, preset: str, p: PipelinePrese
         pace.finish(worked=not trained["reused"])
         scores.setdefault(tuple(candidate["layers"]), {})[seed] = screening_tau(head)
     return screening_rows(candidates, scores)
-
-
-def is_complete(store: str, model_key: str, preset: str) -> bool:
-    path = Workspace(store).completion(model_key, preset)
-    return path.is_file() and json.loads(path.read_text()).get("complete") is True
 
 
 @flow(name="layerwave-pipeline")

@@ -10,7 +10,8 @@ import pytest
 import xarray as xr
 
 from flows.cli import main
-from flows.pipeline import by_priority, is_complete, pipeline, sweep
+from flows.pipeline import pipeline, sweep
+from tasks.pipeline_stages import by_priority, is_complete
 from tasks.registry import add_model
 from tasks.report import mean_ci95, paired_difference_ci95, spearman, spearman_p, verdict
 from tests.conftest import TINY, saved_checkpoint

@@ -1,0 +1,71 @@
+"""The pipeline's own decisions, apart from the flows it composes: whether a request is valid,
+which corpus a store is extracted from, whether extraction can be skipped, the order sets are
+trained in, and whether a model's run is complete.
+"""
+
+from __future__ import annotations
+
+import json
+
+from store import paths
+from store.access import open_existing
+from store.errors import LayerwaveError
+from store.paths import Workspace
+from tasks.corpus import load_corpus
+from tasks.pipeline_presets import PipelinePreset, pipeline_preset
+from tasks.registry import resolve
+
+SOURCE = "sharegpt"  # prompts the target answers (or, without generation, the corpus itself)
+
+
+FIXED_BASELINES = ("even", "last-k")  # the selection's baselines that are neither the default nor random
+
+
+def check_request(model: str, preset: str, limit: int | None, corpus: str | None = None) -> str:
+    """A pipeline request's mistakes, before any stage runs; returns the model's store group."""
+    pipeline_preset(preset)
+    if limit is not None and limit < 1:
+        raise LayerwaveError(f"--limit must be at least 1 (got {limit})")
+    key = resolve(model).key  # an unknown model fails here, with the list of known ones
+    if corpus is not None:
+        load_corpus(corpus)
+    return key
+
+
+def corpus_for(store: str, model_key: str, p: PipelinePreset, corpus: str | None) -> str:
+    """The corpus the store is extracted from: `corpus` if given, else the preset's (the target's
+    own replies to ShareGPT prompts, or ShareGPT as is)."""
+    if corpus is not None:
+        return corpus
+    return f"regen:{Workspace(store).corpus(model_key, SOURCE)}" if p.generate_tokens else SOURCE
+
+
+def extraction_current(store: str, model_key: str, model: str, p: PipelinePreset, corpus: str) -> bool:
+    """True when the store holds a complete extraction made with this pipeline's settings, so the
+    extract stage can be skipped without loading the model or the corpus."""
+    group = open_existing(store, paths.activations(model_key))
+    if group is None:
+        return False
+    attrs = group.attrs
+    stored = attrs.get("corpus", {})
+    return bool(attrs.get("complete")) and attrs.get("model", {}).get("argument") == model and (
+        stored.get("spec"), stored.get("tokens_requested"), stored.get("max_length"), stored.get("seed")) == (
+        corpus, p.tokens, p.max_length, 0)
+
+
+def by_priority(candidates: list[dict]) -> list[dict]:
+    """The EAGLE-3 default first, then every selection method's sets, then fixed baselines, then
+    random controls, so a `--limit` keeps the comparison that matters most."""
+    def rank(candidate: dict) -> int:
+        methods = candidate["methods"]
+        if "eagle3-default" in methods:
+            return 0
+        if any(not m.startswith("random-") and m not in FIXED_BASELINES for m in methods):
+            return 1
+        return 2 if any(m in FIXED_BASELINES for m in methods) else 3
+    return sorted(candidates, key=rank)
+
+
+def is_complete(store: str, model_key: str, preset: str) -> bool:
+    path = Workspace(store).completion(model_key, preset)
+    return path.is_file() and json.loads(path.read_text()).get("complete") is True
