@@ -9,6 +9,7 @@ from __future__ import annotations
 from prefect import flow
 
 from tasks.analyze import accumulate_task, analysis_summary, measures_task, plots_task, token_masks
+from tasks.names import DEFAULT_MODEL, DEFAULT_STORE
 from tasks.registry import store_key
 from tasks.stats_pass import PassConfig
 from tasks.token_filter import filters_for
@@ -16,8 +17,8 @@ from tasks.token_filter import filters_for
 
 @flow(name="layerwave-analyze")
 def analyze(
-    model: str = "smollm2-135m",
-    store: str = "layerwave.zarr",
+    model: str = DEFAULT_MODEL,
+    store: str = DEFAULT_STORE,
     entropy_threshold: float = 0.0,
     entropy_quantile: float | None = None,
     drop_first_token: bool = False,

@@ -10,15 +10,16 @@ import sys
 import traceback
 
 from store.errors import LayerwaveError, is_user_error
+from tasks.names import DEFAULT_MODEL, DEFAULT_STORE
 
 
 def _extract_parser(sub) -> None:
     p = sub.add_parser("extract", help="write every layer's hidden states over a corpus into the Zarr store")
-    p.add_argument("--model", default="smollm2-135m", help="registry id (see `layerwave models`) or hf:PATH")
+    p.add_argument("--model", default=DEFAULT_MODEL, help="registry id (see `layerwave models`) or hf:PATH")
     p.add_argument("--corpus", default="sharegpt", help="sharegpt, mt-bench, jsonl:PATH or regen:DIR (a corpus "
                                                         "`layerwave generate` wrote)")
     p.add_argument("--tokens", type=int, default=20000, help="token budget (documents are picked by --seed)")
-    p.add_argument("--store", default="layerwave.zarr", help="Zarr store directory (or fsspec URL)")
+    p.add_argument("--store", default=DEFAULT_STORE, help="Zarr store directory (or fsspec URL)")
     p.add_argument("--max-length", type=int, default=2048, help="truncate documents to this many tokens")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--device", default="auto", help="auto (CUDA when present), cpu or cuda[:N]")
@@ -50,8 +51,8 @@ def _run_extract(args) -> dict:
 
 def _analyze_parser(sub) -> None:
     p = sub.add_parser("analyze", help="entropy and CKA of every stored layer (one out-of-core Dask pass)")
-    p.add_argument("--model", default="smollm2-135m")
-    p.add_argument("--store", default="layerwave.zarr")
+    p.add_argument("--model", default=DEFAULT_MODEL)
+    p.add_argument("--store", default=DEFAULT_STORE)
     p.add_argument("--entropy-threshold", type=float, default=0.0,
                    help="keep tokens whose predictive entropy is >= NATS (0 keeps all)")
     p.add_argument("--entropy-quantile", type=float, help="keep tokens at or above this entropy quantile")
@@ -67,8 +68,8 @@ def _analyze_parser(sub) -> None:
 
 
 def _run_analyze(args) -> dict:
-    from tasks.analyze import token_masks
     from store.access import check_schema
+    from tasks.analyze import token_masks
     from tasks.layer_ids import check_layers
     from tasks.registry import store_key
     from tasks.token_filter import filters_for
@@ -115,8 +116,8 @@ def _print_analysis(result: dict) -> None:
 
 def _select_parser(sub) -> None:
     p = sub.add_parser("select", help="propose candidate layer sets (entropy/CKA methods and baselines)")
-    p.add_argument("--model", default="smollm2-135m")
-    p.add_argument("--store", default="layerwave.zarr")
+    p.add_argument("--model", default=DEFAULT_MODEL)
+    p.add_argument("--store", default=DEFAULT_STORE)
     p.add_argument("--k", type=int, default=3, help="layers per set")
     p.add_argument("--methods", help="comma-separated subset of entropy-topk,aggregate-entropy,cka-mrmr,cka-logdet")
     p.add_argument("--layers", default=None, help="allowed HF indices LOW:HIGH (default 1:N-1, no embedding, no last)")
@@ -129,8 +130,8 @@ def _select_parser(sub) -> None:
 
 
 def _run_select(args) -> dict:
-    from tasks.select import check_request
     from tasks.registry import store_key
+    from tasks.select import check_request
     from tasks.selection import METHODS, Constraints
 
     key = store_key(args.model)
@@ -162,8 +163,8 @@ def _layer_range(text: str | None) -> tuple[int, int | None]:
 
 def _train_parser(sub) -> None:
     p = sub.add_parser("train", help="train an EAGLE-3 draft head for one layer set from the store")
-    p.add_argument("--model", default="smollm2-135m")
-    p.add_argument("--store", default="layerwave.zarr")
+    p.add_argument("--model", default=DEFAULT_MODEL)
+    p.add_argument("--store", default=DEFAULT_STORE)
     p.add_argument("--layers", help="HF hidden_states indices, e.g. 2,15,27 (default: the EAGLE-3 default)")
     p.add_argument("--preset", default="quick", help="smoke (tiny model, seconds), quick (CPU), full (GPU)")
     p.add_argument("--ttt-steps", type=int, help="training-time-test unroll (default: the preset's)")
@@ -188,10 +189,10 @@ def _train_parser(sub) -> None:
 
 
 def _run_train(args) -> dict:
-    from tasks.train import check_request
     from store.read import open_activations
     from tasks.layer_ids import eagle3_default
     from tasks.registry import store_key
+    from tasks.train import check_request
 
     ds = open_activations(args.store, store_key(args.model))
     layers = _layer_list(args.layers) if args.layers is not None else eagle3_default(ds.sizes["layer"] - 1) or []
@@ -215,7 +216,7 @@ def _run_train(args) -> dict:
 
 def _evaluate_parser(sub) -> None:
     p = sub.add_parser("evaluate", help="speculative decoding with a trained head: τ, speed-up, lossless check")
-    p.add_argument("--model", default="smollm2-135m")
+    p.add_argument("--model", default=DEFAULT_MODEL)
     p.add_argument("--head", required=True, help="directory written by `layerwave train`")
     p.add_argument("--bench", default="mt-bench", help="mt-bench (first turns), sharegpt (held out), heldout (the "
                    "exact prompts of the head's held-out documents in --store) or jsonl:PATH")
@@ -322,11 +323,11 @@ def _run_evaluate_offline(args) -> dict:
 def _generate_parser(sub) -> None:
     p = sub.add_parser("generate", help="the target writes its own replies to a corpus's prompts (a regen:DIR "
                                         "corpus for extract)")
-    p.add_argument("--model", default="smollm2-135m", help="registry id (see `layerwave models`) or hf:PATH")
+    p.add_argument("--model", default=DEFAULT_MODEL, help="registry id (see `layerwave models`) or hf:PATH")
     p.add_argument("--source", default="sharegpt", help="corpus whose user turns are answered: sharegpt, mt-bench "
                                                         "or jsonl:PATH")
     p.add_argument("--out", help="output directory (default: <store>.corpora/<model>-<source>)")
-    p.add_argument("--store", default="layerwave.zarr", help="store the default --out sits beside")
+    p.add_argument("--store", default=DEFAULT_STORE, help="store the default --out sits beside")
     p.add_argument("--tokens", type=int, default=20000, help="reply-token budget (generation stops past it)")
     p.add_argument("--max-new-tokens", type=int, default=256, help="longest reply")
     p.add_argument("--max-prompt-tokens", type=int, default=1024, help="skip longer prompts (conversation so far)")
@@ -342,8 +343,8 @@ def _generate_parser(sub) -> None:
 
 
 def _run_generate(args) -> dict:
-    from tasks.generate import GenerateRequest, check_request
     from store.paths import Workspace
+    from tasks.generate import GenerateRequest, check_request
     from tasks.registry import resolve
 
     out = args.out or str(Workspace(args.store).corpus(resolve(args.model).key, args.source))
@@ -359,7 +360,7 @@ def _run_generate(args) -> dict:
 
 def _verify_parser(sub) -> None:
     p = sub.add_parser("verify", help="check a store: checksums, NaN/inf, consistency, missing shards")
-    p.add_argument("--store", default="layerwave.zarr")
+    p.add_argument("--store", default=DEFAULT_STORE)
     p.add_argument("--model", help="one model's group (default: every model in the store)")
     p.add_argument("--repair", action="store_true", help="un-commit damaged shards so `extract` rewrites them")
 
@@ -403,7 +404,7 @@ def _models_parser(sub) -> None:
 def _pipeline_parser(sub) -> None:
     p = sub.add_parser("run", help="the whole pipeline for one model: extract, analyze, select, train, evaluate, "
                                    "report (re-runs skip finished stages)")
-    p.add_argument("--model", default="smollm2-135m")
+    p.add_argument("--model", default=DEFAULT_MODEL)
     p.add_argument("--preset", default="quick", help="smoke (tiny model, minutes), quick (smollm2-135m on a CPU), "
                                                      "study (the published comparison, hours), full (GPU)")
     p.add_argument("--store", help="Zarr store (default: the preset's, e.g. layerwave.zarr for quick)")
@@ -418,7 +419,7 @@ def _pipeline_parser(sub) -> None:
     s.add_argument("--store")
     s.add_argument("--model", action="append", help="only these models (repeatable)")
     r = sub.add_parser("report", help="regenerate a model's Markdown report from the store and evaluations")
-    r.add_argument("--model", default="smollm2-135m")
+    r.add_argument("--model", default=DEFAULT_MODEL)
     r.add_argument("--preset", default="quick")
     r.add_argument("--store")
     r.add_argument("--json", help="write the result rows and rank correlations to this file")

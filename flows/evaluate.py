@@ -8,13 +8,14 @@ from prefect.artifacts import create_table_artifact
 from store.errors import LayerwaveError
 from store.read import open_activations
 from tasks.evaluate import check_request, evaluate_task, heldout_data, load_pair
+from tasks.names import DEFAULT_MODEL, DEFAULT_STORE
 from tasks.offline_tau import offline_tau
 from tasks.registry import store_key
 from tasks.tree_decode import TreeShape
 
 
 @flow(name="layerwave-evaluate")
-def evaluate(model: str = "smollm2-135m", head: str = "", bench: str = "mt-bench", limit: int | None = 10,
+def evaluate(model: str = DEFAULT_MODEL, head: str = "", bench: str = "mt-bench", limit: int | None = 10,
              max_new_tokens: int = 128, depth: int = 4, store: str | None = None, temperature: float = 0.0,
              seed: int = 0, draft: str = "chain", tree_topk: int = TreeShape.topk,
              tree_tokens: int = TreeShape.tokens, device: str = "auto", compare: bool = False,
@@ -42,7 +43,7 @@ def evaluate(model: str = "smollm2-135m", head: str = "", bench: str = "mt-bench
 
 
 @flow(name="layerwave-evaluate-offline")
-def evaluate_offline(model: str = "smollm2-135m", head: str = "", store: str = "layerwave.zarr", depth: int = 4,
+def evaluate_offline(model: str = DEFAULT_MODEL, head: str = "", store: str = DEFAULT_STORE, depth: int = 4,
                      max_new_tokens: int | None = None, first_turn_only: bool = False,
                      limit: int | None = None) -> dict:
     """τ_offline: chain decoding `depth` drafts per round simulated along the held-out replies of

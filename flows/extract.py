@@ -8,10 +8,9 @@ shards s with s mod n = i − 1, whole shards only, and whichever part finishes 
 from __future__ import annotations
 
 import time
-
-import numpy as np
 from collections import deque
 
+import numpy as np
 from prefect import flow, get_run_logger
 from prefect.artifacts import create_progress_artifact, update_progress_artifact
 
@@ -19,14 +18,15 @@ from store.errors import LayerwaveError
 from store.lock import WHOLE, setup_lock, writer_lock
 from tasks.extract import (ExtractRequest, check_request, committed_shards, extract_shard, finalize_store,
                            prepare_store)
+from tasks.names import DEFAULT_MODEL, DEFAULT_STORE
 
 
 @flow(name="layerwave-extract")
 def extract(
-    model: str = "smollm2-135m",
+    model: str = DEFAULT_MODEL,
     corpus: str = "sharegpt",
     tokens: int = 20000,
-    store: str = "layerwave.zarr",
+    store: str = DEFAULT_STORE,
     max_length: int = 2048,
     seed: int = 0,
     device: str = "auto",

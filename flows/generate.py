@@ -16,14 +16,15 @@ from prefect.artifacts import create_progress_artifact, update_progress_artifact
 from store.lock import WHOLE, writer_lock
 from tasks import load_model
 from tasks.corpus import load_corpus
-from tasks.generate import (GenerateRequest, check_chat_template, check_request, finish, generate_shard_task,
-                            prepare, shard_records, shard_stats)
+from tasks.generate import (GenerateRequest, check_chat_template, check_request, finish, generate_shard_task, prepare,
+                            shard_records, shard_stats)
+from tasks.names import DEFAULT_MODEL
 from tasks.regen_corpus import committed_shards
 from tasks.registry import resolve
 
 
 @flow(name="layerwave-generate")
-def generate(model: str = "smollm2-135m", source: str = "sharegpt", out: str = "", tokens: int = 20000,
+def generate(model: str = DEFAULT_MODEL, source: str = "sharegpt", out: str = "", tokens: int = 20000,
              max_new_tokens: int = 256, max_prompt_tokens: int = 1024, turns: int = 3, temperature: float = 0.0,
              seed: int = 0, batch_size: int = 32, shard_size: int = 64, device: str = "auto",
              overwrite: bool = False) -> dict:

@@ -31,6 +31,7 @@ from store.errors import LayerwaveError
 from store.paths import Workspace
 from store.read import open_activations
 from tasks.evaluate import load_pair
+from tasks.names import DEFAULT_MODEL
 from tasks.pipeline_presets import REFERENCE_FILTER, PipelinePreset, pipeline_preset, preset_store
 from tasks.pipeline_stages import SOURCE, by_priority, check_request, corpus_for, extraction_current, is_complete
 from tasks.progress import Pace, stage_line
@@ -101,7 +102,7 @@ def screen(model: str, store: str, model_key: str, preset: str, p: PipelinePrese
 
 
 @flow(name="layerwave-pipeline")
-def pipeline(model: str = "smollm2-135m", preset: str = "quick", store: str | None = None,
+def pipeline(model: str = DEFAULT_MODEL, preset: str = "quick", store: str | None = None,
              limit: int | None = None, corpus: str | None = None, warm_start: bool | None = None) -> dict:
     """Generate the target's own replies, extract, analyse, select, train and evaluate every
     candidate layer set of `model`, then report. `corpus` replaces the generated corpus (e.g.

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 from prefect import flow
 
+from tasks.names import DEFAULT_MODEL
 from tasks.pipeline_presets import preset_store
 from tasks.registry import store_key
 from tasks.write_report import report_task
 
 
 @flow(name="layerwave-report")
-def report(model: str = "smollm2-135m", preset: str = "quick", store: str | None = None) -> dict:
+def report(model: str = DEFAULT_MODEL, preset: str = "quick", store: str | None = None) -> dict:
     """Regenerate a model's report from the store and the heads' evaluation results."""
     return report_task(preset_store(preset, store), store_key(model), preset)

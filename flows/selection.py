@@ -5,13 +5,14 @@ from __future__ import annotations
 import xarray as xr
 from prefect import flow, get_run_logger
 
+from tasks.names import DEFAULT_MODEL, DEFAULT_STORE
 from tasks.registry import store_key
 from tasks.select import candidates_from, propose_task
 from tasks.selection import METHODS, Constraints
 
 
 @flow(name="layerwave-select")
-def select(model: str = "smollm2-135m", store: str = "layerwave.zarr", k: int = 3, methods: list[str] | None = None,
+def select(model: str = DEFAULT_MODEL, store: str = DEFAULT_STORE, k: int = 3, methods: list[str] | None = None,
            low: int = 1, high: int | None = None, min_gap: int = 1, filter_key: str = "all", seed: int = 0,
            n_random: int = 3) -> list[dict]:
     """Candidate layer sets for draft heads, best aggregate entropy first, baselines included."""

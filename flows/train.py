@@ -9,12 +9,13 @@ from store.read import open_activations
 from tasks import load_model
 from tasks.export_head import runtime_warning
 from tasks.layer_ids import eagle3_default
+from tasks.names import DEFAULT_MODEL, DEFAULT_STORE
 from tasks.registry import store_key
 from tasks.train import check_request, train_task
 
 
 @flow(name="layerwave-train")
-def train_head(model: str = "smollm2-135m", store: str = "layerwave.zarr", layers: list[int] | None = None,
+def train_head(model: str = DEFAULT_MODEL, store: str = DEFAULT_STORE, layers: list[int] | None = None,
                out: str | None = None, preset_name: str = "quick", seed: int = 0, ttt_steps: int | None = None,
                fmt: str = "vllm", epochs: int | None = None, device: str = "auto",
                warm_start: bool | None = None, freeze_lm_head: bool | None = None,

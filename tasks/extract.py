@@ -22,6 +22,7 @@ from store.lock import WHOLE, refuse_if_busy
 from tasks import load_model
 from tasks.corpus import load_corpus
 from tasks.forward import auto_batch_tokens, forward_shard
+from tasks.names import DEFAULT_MODEL, DEFAULT_STORE
 from tasks.plan import TokenPlan, documents_in, plan_hash, plan_tokens
 from tasks.regen_corpus import generator_key
 from tasks.registry import resolve
@@ -31,10 +32,10 @@ from tasks.registry import resolve
 class ExtractRequest:
     """Everything a user chooses about an extraction (the flow's parameters)."""
 
-    model: str = "smollm2-135m"
+    model: str = DEFAULT_MODEL
     corpus: str = "sharegpt"
     tokens: int = 20000
-    store: str = "layerwave.zarr"
+    store: str = DEFAULT_STORE
     max_length: int = 2048
     seed: int = 0
     device: str = "auto"

@@ -29,9 +29,10 @@ from prefect.cache_policies import NO_CACHE
 from store.errors import LayerwaveError
 from tasks import load_model
 from tasks.corpus import Conversation, load_corpus
+from tasks.names import DEFAULT_MODEL
+from tasks.regen_corpus import FORMAT, MANIFEST, read_manifest, shard_path
 from tasks.registry import resolve
 from tasks.render import render
-from tasks.regen_corpus import FORMAT, MANIFEST, read_manifest, shard_path
 
 STAT_NAMES = ("tokens", "replies", "finished_replies", "roundtrip_exact")  # a shard's reply counts
 
@@ -40,7 +41,7 @@ STAT_NAMES = ("tokens", "replies", "finished_replies", "roundtrip_exact")  # a s
 class GenerateRequest:
     """Everything a user chooses about a generation (the flow's parameters)."""
 
-    model: str = "smollm2-135m"
+    model: str = DEFAULT_MODEL
     source: str = "sharegpt"
     out: str = ""
     tokens: int = 20000  # reply-token budget

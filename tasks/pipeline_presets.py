@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from store.errors import LayerwaveError
+from tasks.names import DEFAULT_STORE
 from tasks.token_filter import TokenFilter
 
 # Each document's first token carries massive activations that swamp the statistics of the
@@ -62,7 +63,7 @@ PIPELINE_PRESETS = {
         max_new_tokens=12, depth=3, memory_gb=1.0, generate_tokens=1000, generate_max_new_tokens=24,
         screen_epochs=1, finalists=1, replay=True),
     "quick": PipelinePreset(
-        store="layerwave.zarr", tokens=20000, max_length=2048, entropy_quantile=0.5, n_random=1, candidates=4,
+        store=DEFAULT_STORE, tokens=20000, max_length=2048, entropy_quantile=0.5, n_random=1, candidates=4,
         train_preset="quick", epochs=None, seeds=(0,), benches=("mt-bench",), prompts=5, max_new_tokens=64, depth=4,
         generate_tokens=16000),
     "study": PipelinePreset(

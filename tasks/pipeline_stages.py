@@ -12,13 +12,13 @@ from store.access import open_existing
 from store.errors import LayerwaveError
 from store.paths import Workspace
 from tasks.corpus import load_corpus
+from tasks.names import EAGLE3_DEFAULT, FIXED_BASELINES, RANDOM_PREFIX
 from tasks.pipeline_presets import PipelinePreset, pipeline_preset
 from tasks.registry import resolve
 
 SOURCE = "sharegpt"  # prompts the target answers (or, without generation, the corpus itself)
 
 
-FIXED_BASELINES = ("even", "last-k")  # the selection's baselines that are neither the default nor random
 
 
 def check_request(model: str, preset: str, limit: int | None, corpus: str | None = None) -> str:
@@ -58,9 +58,9 @@ def by_priority(candidates: list[dict]) -> list[dict]:
     random controls, so a `--limit` keeps the comparison that matters most."""
     def rank(candidate: dict) -> int:
         methods = candidate["methods"]
-        if "eagle3-default" in methods:
+        if EAGLE3_DEFAULT in methods:
             return 0
-        if any(not m.startswith("random-") and m not in FIXED_BASELINES for m in methods):
+        if any(not m.startswith(RANDOM_PREFIX) and m not in FIXED_BASELINES for m in methods):
             return 1
         return 2 if any(m in FIXED_BASELINES for m in methods) else 3
     return sorted(candidates, key=rank)

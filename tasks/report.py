@@ -12,8 +12,10 @@ import math
 from pathlib import Path
 
 import numpy as np
-from store.paths import Workspace
+
 from store import paths
+from store.paths import Workspace
+from tasks.names import EAGLE3_DEFAULT
 
 SCORES = ("aggregate_h1", "aggregate_h2", "mean_entropy", "mean_pairwise_cka")
 # Two-sided 95% Student t quantiles for 1..30 degrees of freedom (no SciPy dependency).
@@ -119,7 +121,7 @@ def per_seed(row: dict) -> dict[int, float]:
 
 def is_default(row: dict) -> bool:
     """The EAGLE-3 default set (a row's `method` lists every method that proposed its set)."""
-    return "eagle3-default" in row["method"].split(",")
+    return EAGLE3_DEFAULT in row["method"].split(",")
 
 
 def verdict(rows: list[dict], bench: str) -> str:

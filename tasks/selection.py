@@ -15,9 +15,10 @@ import numpy as np
 from store.errors import LayerwaveError
 from tasks.layer_ids import eagle3_default
 from tasks.measures import h2_closed_form
+from tasks.names import EAGLE3_DEFAULT, RANDOM_PREFIX
 
 METHODS = ("entropy-topk", "aggregate-entropy", "cka-mrmr", "cka-logdet")
-BASELINES = ("eagle3-default", "even", "last-k", "random")
+BASELINES = (EAGLE3_DEFAULT, "even", "last-k", "random")
 EXHAUSTIVE_LIMIT = 200_000  # subsets scored exhaustively; beyond this, beam search
 SHORTLIST = 16  # best closed-form H2 sets re-ranked by exact H1
 
@@ -196,9 +197,9 @@ def propose(by_filter: dict[str, LayerScores], reference: str, c: Constraints, m
         named += [(method + suffix, runners[method]()) for method in methods]
     default = eagle3_default(n_layers - 1)
     if default and c.k == 3:
-        named.append(("eagle3-default", default))
+        named.append((EAGLE3_DEFAULT, default))
     named += [("even", even(c, n_layers)), ("last-k", last_k(c, n_layers))]
-    named += [(f"random-{i}", layers) for i, layers in enumerate(random_sets(c, n_layers, seed, n_random))]
+    named += [(f"{RANDOM_PREFIX}{i}", layers) for i, layers in enumerate(random_sets(c, n_layers, seed, n_random))]
     merged: dict[tuple, Candidate] = {}
     for name, layers in named:
         merged.setdefault(tuple(layers), Candidate(list(layers))).methods.append(name)

@@ -13,6 +13,8 @@ from pathlib import Path
 
 import numpy as np
 
+from tasks.names import EAGLE3_DEFAULT, RANDOM_PREFIX
+
 
 def screening_tau(head: Path) -> dict:
     """The screening score of one trained head: τ_offline at the end of its training."""
@@ -39,7 +41,7 @@ def finalists(candidates: list[dict], ranked: list[dict], count: int) -> list[di
     are not among them; candidates in that order."""
     by_layers = {tuple(c["layers"]): c for c in candidates}
     chosen = [tuple(row["layers"]) for row in ranked[:count]]
-    for wanted in ("eagle3-default", "random-"):
+    for wanted in (EAGLE3_DEFAULT, RANDOM_PREFIX):
         best = next((tuple(row["layers"]) for row in ranked
                      if any(m.startswith(wanted) for m in row["method"].split(","))), None)
         if best is not None and best not in chosen:
