@@ -6,7 +6,7 @@
 Runs `layerwave evaluate` (chain drafting, every prompt beside the target alone) twice on the same
 prompts: once on an idle machine, once while one spinning process per CPU core runs from
 `--hog-after` seconds into the run for `--hog-seconds`. Prints, for both runs, the speed-up with
-its interval and the prompts the contention guard flags (tasks/side_by_side.py: a prompt whose
+its interval and the prompts the contention guard flags (tasks/decode/side_by_side.py: a prompt whose
 relative round cost lies beyond 1.5x the run's median either way), and writes both results. The
 idle run should flag nothing and the hogged one the prompts the hogs overlapped.
 """

@@ -34,14 +34,13 @@ os.environ.setdefault("DO_NOT_TRACK", "1")
 
 from flows.cli import comparison_table  # noqa: E402
 from flows.evaluate import evaluate  # noqa: E402
-from tasks.evaluate import bench_prompts, load_pair  # noqa: E402
 from flows.extract import extract  # noqa: E402
 from flows.train import train_head  # noqa: E402
-from tasks.decoders import PROMPT_LOOKUP_TOKENS  # noqa: E402
-from tasks.registry import resolve  # noqa: E402
-from tasks.round_profile import profile_rounds, profile_table  # noqa: E402
-from tasks.tree_decode import TreeShape  # noqa: E402
-
+from tasks.data.registry import resolve  # noqa: E402
+from tasks.decode.decoders import PROMPT_LOOKUP_TOKENS  # noqa: E402
+from tasks.decode.evaluate import bench_prompts, load_pair  # noqa: E402
+from tasks.decode.round_profile import profile_rounds, profile_table  # noqa: E402
+from tasks.decode.tree_decode import TreeShape  # noqa: E402
 
 PROFILED_PROMPTS = 5  # the round profile runs on the first bench's first prompts
 

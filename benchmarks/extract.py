@@ -27,13 +27,13 @@ os.environ.setdefault("PREFECT_HOME", tempfile.mkdtemp(prefix="layerwave-bench-p
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 os.environ.setdefault("DO_NOT_TRACK", "1")
 
-from store import paths
 from flows.extract import extract  # noqa: E402
 from store import schema  # noqa: E402
+from store import paths
 from store.layout import Layout  # noqa: E402
-from tasks import load_model  # noqa: E402
-from tasks.forward import batches, padded_batch  # noqa: E402
-from tasks.plan import documents_in  # noqa: E402
+from tasks.data import load_model  # noqa: E402
+from tasks.extract.forward import batches, padded_batch  # noqa: E402
+from tasks.extract.plan import documents_in  # noqa: E402
 
 
 def directory_bytes(path: Path) -> int:

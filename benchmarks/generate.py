@@ -4,7 +4,7 @@
                                   [--out benchmarks/out/generate.json]
 
 The same ShareGPT first turns are answered greedily by SmolLM2-135M with Hugging Face `generate`
-one prompt at a time (the baseline) and by `tasks.generate.generate_batch` in batches sorted by
+one prompt at a time (the baseline) and by `tasks.data.generate.generate_batch` in batches sorted by
 prompt length, as `layerwave generate` runs it. Prints reply tokens/s and the ratio; writes JSON.
 """
 
@@ -17,9 +17,9 @@ from pathlib import Path
 
 import torch
 
-from tasks import load_model
-from tasks.corpus import load_corpus
-from tasks.generate import generate_batch, source_order
+from tasks.data import load_model
+from tasks.data.corpus import load_corpus
+from tasks.data.generate import generate_batch, source_order
 
 
 def prompts_of(tokenizer, count: int, max_prompt_tokens: int) -> list[list[int]]:

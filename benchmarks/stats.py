@@ -24,9 +24,9 @@ from pathlib import Path
 import numpy as np
 
 from store.synthetic import write_synthetic
-from tasks.measures import h2_all_subsets, linear_cka
-from tasks.moments import TileMoments, accumulate
-from tasks.stats_pass import PassConfig, accumulate_statistics
+from tasks.stats.measures import h2_all_subsets, linear_cka
+from tasks.stats.moments import TileMoments, accumulate
+from tasks.stats.stats_pass import PassConfig, accumulate_statistics
 
 LAYERS, D = 31, 576  # SmolLM2-135M
 

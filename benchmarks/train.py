@@ -25,10 +25,10 @@ os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 os.environ.setdefault("DO_NOT_TRACK", "1")
 
 from flows.extract import extract  # noqa: E402
-from tasks import load_model  # noqa: E402
-from tasks.layer_ids import eagle3_default  # noqa: E402
-from tasks.train_data import StoreBatches  # noqa: E402
-from tasks.train_head import preset, train  # noqa: E402
+from tasks.data import load_model  # noqa: E402
+from tasks.heads.train_data import StoreBatches  # noqa: E402
+from tasks.heads.train_head import preset, train  # noqa: E402
+from tasks.select.layer_ids import eagle3_default  # noqa: E402
 
 
 def target_forward_tokens_per_s(model_name: str, data: StoreBatches, batches: int) -> float:

@@ -8,11 +8,11 @@ from __future__ import annotations
 
 from prefect import flow
 
-from tasks.analyze import accumulate_task, analysis_summary, measures_task, plots_task, token_masks
+from tasks.data.registry import store_key
 from tasks.names import DEFAULT_MODEL, DEFAULT_STORE
-from tasks.registry import store_key
-from tasks.stats_pass import PassConfig
-from tasks.token_filter import filters_for
+from tasks.stats.analyze import accumulate_task, analysis_summary, measures_task, plots_task, token_masks
+from tasks.stats.stats_pass import PassConfig
+from tasks.stats.token_filter import filters_for
 
 
 @flow(name="layerwave-analyze")

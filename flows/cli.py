@@ -39,7 +39,7 @@ def _extract_parser(sub) -> None:
 
 def _run_extract(args) -> dict:
     from flows.extract import extract, parse_part
-    from tasks.extract import ExtractRequest, check_request
+    from tasks.extract.extract import ExtractRequest, check_request
 
     options = {k: v for k, v in vars(args).items() if k not in ("command", "json", "workers", "part")}
     check_request(ExtractRequest(**options), parse_part(args.part))  # bad input fails here, before Prefect starts
@@ -69,10 +69,10 @@ def _analyze_parser(sub) -> None:
 
 def _run_analyze(args) -> dict:
     from store.access import check_schema
-    from tasks.analyze import token_masks
-    from tasks.layer_ids import check_layers
-    from tasks.registry import store_key
-    from tasks.token_filter import filters_for
+    from tasks.data.registry import store_key
+    from tasks.select.layer_ids import check_layers
+    from tasks.stats.analyze import token_masks
+    from tasks.stats.token_filter import filters_for
 
     key = store_key(args.model)
     check_schema(args.store)
@@ -130,9 +130,9 @@ def _select_parser(sub) -> None:
 
 
 def _run_select(args) -> dict:
-    from tasks.registry import store_key
-    from tasks.select import check_request
-    from tasks.selection import METHODS, Constraints
+    from tasks.data.registry import store_key
+    from tasks.select.select import check_request
+    from tasks.select.selection import METHODS, Constraints
 
     key = store_key(args.model)
     methods = [m.strip() for m in args.methods.split(",")] if args.methods else list(METHODS)
@@ -190,9 +190,9 @@ def _train_parser(sub) -> None:
 
 def _run_train(args) -> dict:
     from store.read import open_activations
-    from tasks.layer_ids import eagle3_default
-    from tasks.registry import store_key
-    from tasks.train import check_request
+    from tasks.data.registry import store_key
+    from tasks.heads.train import check_request
+    from tasks.select.layer_ids import eagle3_default
 
     ds = open_activations(args.store, store_key(args.model))
     layers = _layer_list(args.layers) if args.layers is not None else eagle3_default(ds.sizes["layer"] - 1) or []
@@ -250,7 +250,7 @@ def _evaluate_parser(sub) -> None:
 def _run_evaluate(args) -> dict:
     if args.offline:
         return _run_evaluate_offline(args)
-    from tasks.evaluate import check_request
+    from tasks.decode.evaluate import check_request
 
     args.limit = 10 if args.limit is None else args.limit
     args.max_new_tokens = 128 if args.max_new_tokens is None else args.max_new_tokens
@@ -344,8 +344,8 @@ def _generate_parser(sub) -> None:
 
 def _run_generate(args) -> dict:
     from store.paths import Workspace
-    from tasks.generate import GenerateRequest, check_request
-    from tasks.registry import resolve
+    from tasks.data.generate import GenerateRequest, check_request
+    from tasks.data.registry import resolve
 
     out = args.out or str(Workspace(args.store).corpus(resolve(args.model).key, args.source))
     options = {k: v for k, v in vars(args).items() if k not in ("command", "json", "store", "out")}
@@ -376,7 +376,7 @@ def _run_verify(args) -> dict:
 
 
 def _run_models(args) -> dict:
-    from tasks.registry import add_model, registry, user_registry
+    from tasks.data.registry import add_model, registry, user_registry
 
     if args.action == "add":
         if not args.name or not args.source:

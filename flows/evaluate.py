@@ -7,11 +7,11 @@ from prefect.artifacts import create_table_artifact
 
 from store.errors import LayerwaveError
 from store.read import open_activations
-from tasks.evaluate import check_request, evaluate_task, heldout_data, load_pair
+from tasks.data.registry import store_key
+from tasks.decode.evaluate import check_request, evaluate_task, heldout_data, load_pair
+from tasks.decode.tree_decode import TreeShape
+from tasks.heads.offline_tau import offline_tau
 from tasks.names import DEFAULT_MODEL, DEFAULT_STORE
-from tasks.offline_tau import offline_tau
-from tasks.registry import store_key
-from tasks.tree_decode import TreeShape
 
 
 @flow(name="layerwave-evaluate")
@@ -48,7 +48,7 @@ def evaluate_offline(model: str = DEFAULT_MODEL, head: str = "", store: str = DE
                      limit: int | None = None) -> dict:
     """τ_offline: chain decoding `depth` drafts per round simulated along the held-out replies of
     `store` (the head's own held-out split, its first `limit` documents that have a reply),
-    without running the target (tasks/offline_tau.py)."""
+    without running the target (tasks/heads/offline_tau.py)."""
     logger = get_run_logger()
     if depth < 1:
         raise LayerwaveError(f"--depth must be at least 1 (got {depth})")

@@ -16,8 +16,8 @@ from prefect.artifacts import create_progress_artifact, update_progress_artifact
 
 from store.errors import LayerwaveError
 from store.lock import WHOLE, setup_lock, writer_lock
-from tasks.extract import (ExtractRequest, check_request, committed_shards, extract_shard, finalize_store,
-                           prepare_store)
+from tasks.extract.extract import (ExtractRequest, check_request, committed_shards, extract_shard, finalize_store,
+                                   prepare_store)
 from tasks.names import DEFAULT_MODEL, DEFAULT_STORE
 
 

@@ -2,7 +2,7 @@
 
     plan (manifest) → generate shard 0, 1, ... until the reply-token budget is spent → complete
 
-Re-running skips committed shards and regenerates the rest exactly (tasks/generate.py).
+Re-running skips committed shards and regenerates the rest exactly (tasks/data/generate.py).
 """
 
 from __future__ import annotations
@@ -14,13 +14,13 @@ from prefect import flow, get_run_logger
 from prefect.artifacts import create_progress_artifact, update_progress_artifact
 
 from store.lock import WHOLE, writer_lock
-from tasks import load_model
-from tasks.corpus import load_corpus
-from tasks.generate import (GenerateRequest, check_chat_template, check_request, finish, generate_shard_task, prepare,
-                            shard_records, shard_stats)
+from tasks.data import load_model
+from tasks.data.corpus import load_corpus
+from tasks.data.generate import (GenerateRequest, check_chat_template, check_request, finish, generate_shard_task,
+                                 prepare, shard_records, shard_stats)
+from tasks.data.regen_corpus import committed_shards
+from tasks.data.registry import resolve
 from tasks.names import DEFAULT_MODEL
-from tasks.regen_corpus import committed_shards
-from tasks.registry import resolve
 
 
 @flow(name="layerwave-generate")

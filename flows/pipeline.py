@@ -2,8 +2,8 @@
 
     generate → extract → statistics → selection → [screening] → for each seed: (for each set: train → evaluate) → report
 
-The study preset screens every candidate at a short budget first (tasks/study.py) and measures
-its finalists' τ along replayed target replies (tasks/replay.py).
+The study preset screens every candidate at a short budget first (tasks/report/study.py) and measures
+its finalists' τ along replayed target replies (tasks/decode/replay.py).
 
 Every stage is idempotent: extraction by its shard commit markers, analysis, selection, training
 and evaluation by the stage key of their inputs stored beside their outputs (tasks/stage_key.py).
@@ -30,16 +30,16 @@ from store.access import open_existing
 from store.errors import LayerwaveError
 from store.paths import Workspace
 from store.read import open_activations
-from tasks.evaluate import load_pair
+from tasks.data.registry import registry, resolve
+from tasks.decode.evaluate import load_pair
+from tasks.decode.replay import corpus_tokens, replay_tau, write_prompts
 from tasks.names import DEFAULT_MODEL
 from tasks.pipeline_presets import REFERENCE_FILTER, PipelinePreset, pipeline_preset, preset_store
 from tasks.pipeline_stages import SOURCE, by_priority, check_request, corpus_for, extraction_current, is_complete
 from tasks.progress import Pace, stage_line
-from tasks.registry import registry, resolve
-from tasks.replay import corpus_tokens, replay_tau, write_prompts
+from tasks.report.study import finalists, screening_rows, screening_tau
+from tasks.report.write_report import report_task
 from tasks.stage_key import current_record, stage_key, write_record
-from tasks.study import finalists, screening_rows, screening_tau
-from tasks.write_report import report_task
 
 
 @task(name="evaluate-head", cache_policy=NO_CACHE)
@@ -68,7 +68,7 @@ def evaluate_stage(model: str, head: str, bench: str, p: PipelinePreset, store: 
 
 def prepare_replay(model: str, store: str, model_key: str, bench: str, p: PipelinePreset) -> None:
     """The target's greedy replies to at least `p.prompts` of `bench`'s prompts, extracted into
-    their own store once per model (tasks/replay.py)."""
+    their own store once per model (tasks/decode/replay.py)."""
     target = Workspace(store).replay_store(model_key, bench)
     done = open_existing(target, paths.activations(model_key))
     if done is not None and done.attrs.get("complete"):

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from prefect import flow
 
+from tasks.data.registry import store_key
 from tasks.names import DEFAULT_MODEL
 from tasks.pipeline_presets import preset_store
-from tasks.registry import store_key
-from tasks.write_report import report_task
+from tasks.report.write_report import report_task
 
 
 @flow(name="layerwave-report")

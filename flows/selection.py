@@ -5,10 +5,10 @@ from __future__ import annotations
 import xarray as xr
 from prefect import flow, get_run_logger
 
+from tasks.data.registry import store_key
 from tasks.names import DEFAULT_MODEL, DEFAULT_STORE
-from tasks.registry import store_key
-from tasks.select import candidates_from, propose_task
-from tasks.selection import METHODS, Constraints
+from tasks.select.select import candidates_from, propose_task
+from tasks.select.selection import METHODS, Constraints
 
 
 @flow(name="layerwave-select")

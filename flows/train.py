@@ -6,12 +6,12 @@ from prefect import flow, get_run_logger
 
 from store.paths import Workspace
 from store.read import open_activations
-from tasks import load_model
-from tasks.export_head import runtime_warning
-from tasks.layer_ids import eagle3_default
+from tasks.data import load_model
+from tasks.data.registry import store_key
+from tasks.heads.export_head import runtime_warning
+from tasks.heads.train import check_request, train_task
 from tasks.names import DEFAULT_MODEL, DEFAULT_STORE
-from tasks.registry import store_key
-from tasks.train import check_request, train_task
+from tasks.select.layer_ids import eagle3_default
 
 
 @flow(name="layerwave-train")

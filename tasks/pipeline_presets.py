@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from store.errors import LayerwaveError
 from tasks.names import DEFAULT_STORE
-from tasks.token_filter import TokenFilter
+from tasks.stats.token_filter import TokenFilter
 
 # Each document's first token carries massive activations that swamp the statistics of the
 # middle layers (SmolLM2: effective rank ~1.2 instead of ~175), so the pipeline drops it; sets are
@@ -43,12 +43,12 @@ class PipelinePreset:
     generate_turns: int = 1  # on a CPU, later turns re-read the whole conversation (prefill) for each reply
     generate_max_prompt_tokens: int = 512
     warm_start: bool = False  # start heads from the target's lm_head and norm; off: it did not help (README)
-    # Screening (tasks/study.py): every candidate × seed trained for `screen_epochs` and scored by
+    # Screening (tasks/report/study.py): every candidate × seed trained for `screen_epochs` and scored by
     # τ_offline; only the `finalists` best (plus the default and the best random set) train fully.
     screen_epochs: int | None = None
     finalists: int = 4
     # τ of the benchmarks replayed along the target's own greedy replies, generated once per model
-    # (tasks/replay.py), instead of real decoding per head: no speed-up, but every prompt for every head.
+    # (tasks/decode/replay.py), instead of real decoding per head: no speed-up, but every prompt for every head.
     replay: bool = False
 
 

@@ -11,10 +11,10 @@ from store import paths
 from store.access import open_existing
 from store.errors import LayerwaveError
 from store.paths import Workspace
-from tasks.corpus import load_corpus
+from tasks.data.corpus import load_corpus
+from tasks.data.registry import resolve
 from tasks.names import EAGLE3_DEFAULT, FIXED_BASELINES, RANDOM_PREFIX
 from tasks.pipeline_presets import PipelinePreset, pipeline_preset
-from tasks.registry import resolve
 
 SOURCE = "sharegpt"  # prompts the target answers (or, without generation, the corpus itself)
 

@@ -38,7 +38,7 @@ def prefect_api():
 
 @pytest.fixture(scope="session")
 def tiny():
-    from tasks.load_model import load
+    from tasks.data.load_model import load
 
     return load(TINY, "cpu", "auto")
 
@@ -92,7 +92,7 @@ def training_store(tmp_path_factory, prefect_api) -> str:
 @pytest.fixture(scope="session")
 def trained(training_store, tmp_path_factory):
     """A smoke-trained head on LAYERS: (head, training record, checkpoint dir)."""
-    from tasks.train_head import preset, train
+    from tasks.heads.train_head import preset, train
 
     out = tmp_path_factory.mktemp("head")
     head, record = train(training_store, TINY, LAYERS, out, preset("smoke"))

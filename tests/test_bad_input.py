@@ -20,7 +20,7 @@ from flows.extract import extract
 from store.errors import LayerwaveError, store_writes
 from store.lock import writer_lock
 from store.read import open_activations
-from tasks.export_head import export
+from tasks.heads.export_head import export
 from tests.conftest import TINY, extract_options
 from tests.processes import cli_argv, error_line, run
 

@@ -11,12 +11,12 @@ import pytest
 import torch
 
 from flows.cli import main
-from tasks.draft_auto import choose_depth, expected_tokens
-from tasks.export_head import load_exported
-from tasks.round_profile import OVERHEAD, profile_rounds
-from tasks.side_by_side import Decoder, contention, median_ci95, side_by_side, summarize
-from tasks.spec_decode import Generation, accept_greedy, accept_greedy_lazily, plain_generate
-from tasks.tree_decode import TreeShape
+from tasks.decode.draft_auto import choose_depth, expected_tokens
+from tasks.decode.round_profile import OVERHEAD, profile_rounds
+from tasks.decode.side_by_side import Decoder, contention, median_ci95, side_by_side, summarize
+from tasks.decode.spec_decode import Generation, accept_greedy, accept_greedy_lazily, plain_generate
+from tasks.decode.tree_decode import TreeShape
+from tasks.heads.export_head import load_exported
 from tests.conftest import TINY
 from tests.test_spec_decode import prompts
 
@@ -117,7 +117,7 @@ def test_evaluate_compare_runs_every_decoder_losslessly(regen, tmp_path, capsys)
 
 
 def test_auto_without_an_acceptance_profile_is_one_line(trained, tmp_path, capsys):
-    from tasks.export_head import export
+    from tasks.heads.export_head import export
 
     bare = export(trained[0], tmp_path / "bare", "vllm", verifier=TINY)  # no training.json
     capsys.readouterr()

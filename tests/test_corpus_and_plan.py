@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 
 from store.errors import LayerwaveError
-from tasks.corpus import _package_file, iter_json_array, load_corpus
-from tasks.plan import documents_in, plan_tokens
-from tasks.render import render
+from tasks.data.corpus import _package_file, iter_json_array, load_corpus
+from tasks.data.render import render
+from tasks.extract.plan import documents_in, plan_tokens
 
 
 def test_sharegpt_decodes_every_whole_record_of_the_truncated_file():

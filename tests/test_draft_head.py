@@ -13,11 +13,11 @@ import zarr
 from flows.cli import main
 from store.errors import LayerwaveError
 from store.read import open_activations
-from tasks.draft_head import draft_vocabulary, target_to_draft
-from tasks.export_head import export, from_runtime_ids, load_exported, to_runtime_ids
-from tasks.train_data import StoreBatches
-from tasks.train_head import build_head, preset, train
-from tasks.ttt import unroll
+from tasks.heads.draft_head import draft_vocabulary, target_to_draft
+from tasks.heads.export_head import export, from_runtime_ids, load_exported, to_runtime_ids
+from tasks.heads.train_data import StoreBatches
+from tasks.heads.train_head import build_head, preset, train
+from tasks.heads.ttt import unroll
 from tests.conftest import LAYERS, TINY
 
 
@@ -163,8 +163,8 @@ def test_warm_start_copies_the_draft_vocabularys_lm_head_rows_and_the_final_norm
     multiplies by `weight` (Llama) or `1 + weight` (Gemma)."""
     from transformers import GemmaConfig, GemmaForCausalLM, LlamaConfig, LlamaForCausalLM
 
-    from tasks.draft_head import DraftConfig, DraftHead
-    from tasks.warm_start import final_norm, warm_start
+    from tasks.heads.draft_head import DraftConfig, DraftHead
+    from tasks.heads.warm_start import final_norm, warm_start
 
     shape = dict(vocab_size=300, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
                  num_key_value_heads=2, head_dim=8)

@@ -10,7 +10,7 @@ import pytest
 
 from flows.cli import main
 from flows.extract import extract
-from tasks.export_head import export
+from tasks.heads.export_head import export
 from tests.conftest import TINY, extract_options
 
 

@@ -7,8 +7,8 @@ import torch
 import xarray as xr
 
 from store.read import open_activations
-from tasks.corpus import load_corpus
-from tasks.render import render
+from tasks.data.corpus import load_corpus
+from tasks.data.render import render
 from tests.conftest import TINY
 
 

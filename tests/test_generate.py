@@ -10,9 +10,9 @@ from pathlib import Path
 from flows.cli import main
 from flows.generate import generate
 from store.read import open_activations
-from tasks.corpus import load_corpus
-from tasks.regen_corpus import committed_shards, read_generated
-from tasks.spec_decode import plain_generate
+from tasks.data.corpus import load_corpus
+from tasks.data.regen_corpus import committed_shards, read_generated
+from tasks.decode.spec_decode import plain_generate
 from tests.conftest import GENERATION, TINY, saved_checkpoint
 from tests.processes import cli_argv, error_line, run, start, wait_until
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import torch
 
-from tasks.layer_ids import eagle3_default
-from tasks.load_model import load, random_model
-from tasks.registry import hf_key, resolve
+from tasks.data.load_model import load, random_model
+from tasks.data.registry import hf_key, resolve
+from tasks.select.layer_ids import eagle3_default
 
 
 def test_smollm2_is_the_trained_instruct_model_from_the_gguf_package():

@@ -10,10 +10,10 @@ import pytest
 import torch
 
 from flows.cli import main
-from tasks.export_head import load_exported
-from tasks.offline_tau import Reply, draft_matches, replies_in, simulate_rounds, whole_first_reply
-from tasks.spec_decode import HeadDrafter, speculative_generate
-from tasks.train_data import StoreBatches
+from tasks.decode.spec_decode import HeadDrafter, speculative_generate
+from tasks.heads.export_head import load_exported
+from tasks.heads.offline_tau import Reply, draft_matches, replies_in, simulate_rounds, whole_first_reply
+from tasks.heads.train_data import StoreBatches
 from tests.conftest import GENERATION, LAYERS, TINY
 
 DEPTH = 4
@@ -76,7 +76,7 @@ def test_rounds_stop_at_the_reply_end_and_count_the_bonus():
 
 def test_offline_bad_input_is_one_line(regen, trained, tmp_path, capsys):
     store, _, head = regen
-    from tasks.export_head import export
+    from tasks.heads.export_head import export
 
     other = export(trained[0], tmp_path / "other", "vllm", verifier=TINY)
     (other / "training.json").write_text(json.dumps({"model": "smollm2-135m", "config": {"seed": 0, "holdout": 0.05}}))

@@ -11,9 +11,9 @@ import xarray as xr
 
 from flows.cli import main
 from flows.pipeline import pipeline, sweep
+from tasks.data.registry import add_model
 from tasks.pipeline_stages import by_priority, is_complete
-from tasks.registry import add_model
-from tasks.report import mean_ci95, paired_difference_ci95, spearman, spearman_p, verdict
+from tasks.report.report import mean_ci95, paired_difference_ci95, spearman, spearman_p, verdict
 from tests.conftest import TINY, saved_checkpoint
 
 

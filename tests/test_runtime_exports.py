@@ -21,10 +21,10 @@ from safetensors.torch import load_file
 from transformers import AutoConfig
 
 from store.errors import LayerwaveError
-from tasks import load_model
-from tasks.draft_head import DraftConfig, DraftHead, draft_vocabulary
-from tasks.export_head import export, runtime_warning, to_runtime_ids
-from tasks.registry import resolve
+from tasks.data import load_model
+from tasks.data.registry import resolve
+from tasks.heads.draft_head import DraftConfig, DraftHead, draft_vocabulary
+from tasks.heads.export_head import export, runtime_warning, to_runtime_ids
 from tests.conftest import LAYERS, saved_checkpoint
 
 if importlib.util.find_spec("speculators") is None:  # installed, it must import: a broken install fails here

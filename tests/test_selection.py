@@ -12,8 +12,8 @@ from flows.cli import main
 from flows.selection import select
 from store.errors import LayerwaveError
 from store.synthetic import write_synthetic
-from tasks.layer_ids import eagle3_default
-from tasks.selection import Constraints, even, last_k, random_sets
+from tasks.select.layer_ids import eagle3_default
+from tasks.select.selection import Constraints, even, last_k, random_sets
 
 TOKENS, D = 800, 16
 DUPLICATES = [(1, 2), (4, 5)]

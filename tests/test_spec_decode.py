@@ -7,9 +7,9 @@ import json
 import torch
 
 from flows.cli import main
-from tasks.draft_head import DraftHead
-from tasks.export_head import export
-from tasks.spec_decode import HeadDrafter, accept_sampled, plain_generate, speculative_generate
+from tasks.decode.spec_decode import HeadDrafter, accept_sampled, plain_generate, speculative_generate
+from tasks.heads.draft_head import DraftHead
+from tasks.heads.export_head import export
 from tests.conftest import LAYERS, TINY
 
 LENGTHS = (5, 23, 61)  # prompts of different lengths

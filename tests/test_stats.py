@@ -12,10 +12,10 @@ from flows.analyze import analyze
 from flows.cli import main
 from store.errors import LayerwaveError
 from store.synthetic import write_synthetic
-from tasks.analysis import layer_measures, set_entropy, set_h2_closed_form
-from tasks.measures import debiased_cka, h2_all_subsets, linear_cka, renyi_entropy, spectrum, tile_pairs
-from tasks.moments import TileMoments, accumulate
-from tasks.stats_pass import PassConfig, accumulate_statistics
+from tasks.stats.analysis import layer_measures, set_entropy, set_h2_closed_form
+from tasks.stats.measures import debiased_cka, h2_all_subsets, linear_cka, renyi_entropy, spectrum, tile_pairs
+from tasks.stats.moments import TileMoments, accumulate
+from tasks.stats.stats_pass import PassConfig, accumulate_statistics
 
 D, LAYERS, TOKENS = 24, 5, 1000
 
@@ -200,5 +200,5 @@ def test_analyze_bad_input(tmp_path, capsys, extracted):
     refused(["--model", "tiny-random-llama", "--store", store, "--set", "2,40"],
             "layers [40] are not in the store (it has HF indices 0..8)")
     with pytest.raises(LayerwaveError, match="repeats a layer"):
-        from tasks.layer_ids import check_layers
+        from tasks.select.layer_ids import check_layers
         check_layers([2, 2], 9)

@@ -11,9 +11,9 @@ from distributed import LocalCluster
 
 from flows.analyze import analyze
 from store.synthetic import write_synthetic
-from tasks.analysis import layer_measures
-from tasks.measures import linear_cka, renyi_entropy, spectrum
-from tasks.stats_pass import PassConfig, accumulate_statistics, effective_dim, layer_groups
+from tasks.stats.analysis import layer_measures
+from tasks.stats.measures import linear_cka, renyi_entropy, spectrum
+from tasks.stats.stats_pass import PassConfig, accumulate_statistics, effective_dim, layer_groups
 
 WIDE_LAYERS, WIDE_D, WIDE_TOKENS, RANK = 33, 4096, 384, 24
 

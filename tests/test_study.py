@@ -11,9 +11,9 @@ import pytest
 
 from flows.evaluate import evaluate
 from flows.pipeline import pipeline
-from store.read import open_activations
 from store.paths import Workspace
-from tasks.study import finalists, screening_rows
+from store.read import open_activations
+from tasks.report.study import finalists, screening_rows
 from tests.conftest import TINY
 from tests.test_pipeline import modification_times
 

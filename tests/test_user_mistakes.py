@@ -8,7 +8,7 @@ from pathlib import Path
 
 from flows.cli import main
 from flows.extract import extract
-from tasks.export_head import export
+from tasks.heads.export_head import export
 from tests.conftest import TINY, extract_options, saved_checkpoint
 from tests.processes import error_line
 

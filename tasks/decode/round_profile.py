@@ -1,0 +1,56 @@
+"""Where a decoding round's time goes, in milliseconds and in plain decoding steps.
+
+A round pays off only when τ exceeds its cost counted in plain steps (one token of Hugging Face
+`generate` decoding alone), so the profile states every part in that unit. The plain step is
+measured on the same prompts in the same run: generate's seconds for `max_new_tokens` tokens
+minus its seconds for one (the prefill), per token after the first.
+"""
+
+from __future__ import annotations
+
+from tasks.decode.spec_decode import HeadDrafter, plain_generate, speculative_generate
+from tasks.decode.stopwatch import Stopwatch
+from tasks.decode.tree_decode import TreeShape
+
+OVERHEAD = "tensor and Python overhead"  # round time that no timed part accounts for
+
+
+def plain_step_seconds(target, prompts: list[list[int]], max_new_tokens: int, eos_token_id: int | None) -> float:
+    """Seconds per token of Hugging Face greedy `generate` after the prefill, over `prompts`."""
+    seconds = tokens = 0.0
+    for prompt in prompts:
+        prefill = plain_generate(target, prompt, 1, eos_token_id)
+        full = plain_generate(target, prompt, max_new_tokens, eos_token_id)
+        if len(full.tokens) > 1:
+            seconds += full.seconds - prefill.seconds
+            tokens += len(full.tokens) - 1
+    return seconds / max(tokens, 1)
+
+
+def profile_rounds(target, head, prompts: list[list[int]], max_new_tokens: int, depth: int,
+                   eos_token_id: int | None, tree: TreeShape | None = None, plain_step: float | None = None) -> dict:
+    """Per-part time of greedy chain (or `tree`) rounds over `prompts`, against the plain step
+    (measured on the same prompts unless a profile of other rounds measured it already)."""
+    step = plain_step or plain_step_seconds(target, prompts, max_new_tokens, eos_token_id)
+    stopwatch = Stopwatch(target.device)
+    for prompt in prompts:
+        speculative_generate(target, head.config.layers, HeadDrafter(head, stopwatch), prompt, max_new_tokens, depth,
+                             eos_token_id, tree=tree, stopwatch=stopwatch)
+    rounds = max(stopwatch.calls["round"], 1)
+    parts = {name: seconds for name, seconds in stopwatch.seconds.items() if name != "round"}
+    parts[OVERHEAD] = stopwatch.seconds["round"] - sum(parts.values())
+    per_round = stopwatch.seconds["round"] / rounds
+    return {"draft": f"tree {tree.topk}x{tree.tokens}" if tree else "chain", "depth": depth, "rounds": rounds,
+            "plain_step_ms": 1000 * step, "round_ms": 1000 * per_round, "round_plain_steps": per_round / step,
+            "parts": [{"part": name, "ms_per_round": 1000 * seconds / rounds, "plain_steps": seconds / rounds / step}
+                      for name, seconds in parts.items()]}
+
+
+def profile_table(profile: dict) -> str:
+    """The profile as aligned text lines."""
+    lines = [f"{profile['draft']} depth {profile['depth']}: one round {profile['round_ms']:.1f} ms = "
+             f"{profile['round_plain_steps']:.2f} plain steps of {profile['plain_step_ms']:.1f} ms "
+             f"({profile['rounds']} rounds)"]
+    lines += [f"  {row['part']:<28} {row['ms_per_round']:7.2f} ms  {row['plain_steps']:5.2f} steps"
+              for row in profile["parts"]]
+    return "\n".join(lines)

@@ -1,0 +1,120 @@
+"""Write a trained head as the checkpoint vLLM (speculators Eagle3) or SGLang (SpecForge) loads.
+
+Layer ids are translated explicitly (DESIGN.md): the store and layerwave use HF hidden_states
+indices; vLLM's `eagle_aux_hidden_state_layer_ids` are the same indices (captured before layer k
+runs); SGLang/SpecForge ids name the decoder layer whose output is captured, i.e. HF index − 1.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from store.errors import LayerwaveError
+from tasks.heads.draft_head import DraftConfig, DraftHead
+
+FORMATS = ("vllm", "sglang")
+
+
+RUNTIME_AUX_LAYERS = 3  # vLLM's and SGLang's EAGLE-3 drafts size fc for exactly 3 aux layers
+
+
+def to_runtime_ids(layers: list[int], fmt: str, num_layers: int | None = None) -> list[int]:
+    """HF hidden_states indices → the runtime's aux layer ids. Both runtimes capture a state before
+    a decoder layer runs, so the last one, HF index N (the final layer's output), never is; SGLang
+    also cannot capture index 0 (the embedding output)."""
+    if fmt not in FORMATS:
+        raise LayerwaveError(f"unknown --format {fmt!r}; use {' or '.join(FORMATS)}")
+    if num_layers is not None and max(layers) >= num_layers:
+        raise LayerwaveError(f"{fmt} cannot capture HF index {max(layers)} (the output of the last of {num_layers} "
+                             f"decoder layers); choose layers up to {num_layers - 1}")
+    if fmt == "vllm":
+        return list(layers)
+    if min(layers) < 1:
+        raise LayerwaveError("SGLang cannot capture the embedding output (HF index 0); choose layers >= 1")
+    return [layer - 1 for layer in layers]
+
+
+def runtime_warning(layers: list[int]) -> str | None:
+    """One line when vLLM and SGLang could not load the head as exported."""
+    if len(layers) == RUNTIME_AUX_LAYERS:
+        return None
+    return (f"this head reads {len(layers)} layers; vLLM's and SGLang's EAGLE-3 drafts read exactly "
+            f"{RUNTIME_AUX_LAYERS} (their fc input is 3 x hidden), so only layerwave and speculators load it as it is")
+
+
+def from_runtime_ids(ids: list[int], fmt: str) -> list[int]:
+    """The runtime's aux layer ids → HF hidden_states indices."""
+    if fmt == "vllm":
+        return list(ids)
+    if fmt == "sglang":
+        return [i + 1 for i in ids]
+    raise LayerwaveError(f"unknown --format {fmt!r}; use {' or '.join(FORMATS)}")
+
+
+def _layer_config(c: DraftConfig) -> dict:
+    return {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "vocab_size": c.vocab_size,
+            "hidden_size": c.hidden_size, "intermediate_size": c.intermediate_size, "num_hidden_layers": 1,
+            "num_attention_heads": c.num_attention_heads, "num_key_value_heads": c.num_key_value_heads,
+            "head_dim": c.head_dim, "hidden_act": "silu", "rms_norm_eps": c.rms_norm_eps,
+            "max_position_embeddings": c.max_position_embeddings, "rope_theta": c.rope_theta,
+            "tie_word_embeddings": False, "torch_dtype": "float32"}
+
+
+def export(head: DraftHead, out: Path, fmt: str, verifier: str, speculative_tokens: int = 3,
+           architectures: list[str] | None = None, num_layers: int | None = None) -> Path:
+    """Write `out/config.json` and `out/model.safetensors`; returns `out`. `verifier` is the
+    target as the runtime loads it (a Hugging Face id or a local checkpoint path: vLLM serves it
+    and speculators reads its config), `architectures` its config's (default: a Llama)."""
+    c = head.config
+    ids = to_runtime_ids(c.layers, fmt, num_layers)
+    state = {name: tensor.detach().contiguous() for name, tensor in head.state_dict().items()}
+    if fmt == "vllm":
+        state = {name.replace("midlayer.", "layers.0."): tensor for name, tensor in state.items()}
+        config = {"speculators_model_type": "eagle3", "architectures": ["Eagle3Speculator"],
+                  "transformer_layer_config": _layer_config(c), "draft_vocab_size": c.draft_vocab_size,
+                  "norm_before_residual": False, "target_hidden_size": c.hidden_size,
+                  "eagle_aux_hidden_state_layer_ids": ids,
+                  "speculators_config": {"algorithm": "eagle3", "default_proposal_method": "greedy",
+                                         "proposal_methods": [{"proposal_type": "greedy",
+                                                               "speculative_tokens": speculative_tokens,
+                                                               "verifier_accept_k": 1, "accept_tolerance": 0.0}],
+                                         "verifier": {"name_or_path": verifier,
+                                                      "architectures": architectures or ["LlamaForCausalLM"]}}}
+    else:
+        state.pop("embed_tokens.weight")  # SGLang takes the target's embeddings
+        config = {**_layer_config(c), "architectures": ["LlamaForCausalLMEagle3"],
+                  "draft_vocab_size": c.draft_vocab_size,
+                  "eagle_config": {"eagle_aux_hidden_state_layer_ids": ids, "use_aux_hidden_state": True}}
+    config["layerwave"] = {"layers_hf_index": c.layers, "format": fmt, "draft_config": c.as_dict()}
+    out.mkdir(parents=True, exist_ok=True)
+    save_file(state, str(out / "model.safetensors"))
+    (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    return out
+
+
+def load_exported(out: Path, embeddings: torch.Tensor | None = None) -> DraftHead:
+    """Rebuild a head from an export (SGLang exports need the target's embeddings passed in)."""
+    config = json.loads((out / "config.json").read_text())
+    fmt = config["layerwave"]["format"]
+    c = DraftConfig(**config["layerwave"]["draft_config"])
+    runtime_ids = (config["eagle_aux_hidden_state_layer_ids"] if fmt == "vllm"
+                   else config["eagle_config"]["eagle_aux_hidden_state_layer_ids"])
+    if from_runtime_ids(runtime_ids, fmt) != c.layers:
+        raise LayerwaveError(f"{out}: aux layer ids {runtime_ids} do not translate back to {c.layers}")
+    try:
+        weights = load_file(str(out / "model.safetensors"))
+    except Exception as err:  # safetensors raises its own error type for a truncated or foreign file
+        raise LayerwaveError(f"{out / 'model.safetensors'} is unreadable ({err}); export the head again "
+                             "(`layerwave train` re-exports a finished head)") from None
+    state = {name.replace("layers.0.", "midlayer."): t for name, t in weights.items()}
+    if "embed_tokens.weight" not in state:
+        if embeddings is None:
+            raise LayerwaveError(f"{out} has no embeddings (SGLang format); pass the target's")
+        state["embed_tokens.weight"] = embeddings
+    head = DraftHead(c)
+    head.load_state_dict(state)
+    return head.eval()

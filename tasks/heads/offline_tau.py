@@ -1,0 +1,147 @@
+"""Offline τ: chain speculative decoding simulated along stored replies, without running the target.
+
+On documents whose replies are the target's own greedy output, real greedy decoding of a reply's
+prompt retraces that reply token for token. So a round can be replayed from the store: the head
+reads the target's states up to the last accepted token and drafts `depth` tokens, feeding back
+its own outputs; the drafts are accepted while they equal the reply's next tokens, plus one bonus
+token; the next round starts after them.
+
+One parallel pass gives every round's drafts: a draft can only be accepted while every earlier
+draft of its round equalled the reply, and then the head has been fed exactly the reply's
+tokens, so teacher forcing along the reply (the TTT unroll, with the chain's positions and
+attention) computes each draft that matters. Draft i at pair position p (target state at p,
+token p+1) predicts token p+i+2.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from store.errors import LayerwaveError
+from tasks.heads.draft_head import DraftHead
+from tasks.heads.train_data import StoreBatches
+from tasks.heads.ttt import shift_left
+
+
+@dataclass(frozen=True)
+class Reply:
+    start: int  # position (in its document) of the reply's first token, which prefill produces
+    stop: int  # one past its last token: the first EOS, the document's end, or start + max_new_tokens
+
+
+def replies_in(token_id: np.ndarray, loss_mask: np.ndarray, eos: int | None, max_new_tokens: int | None,
+               whole_only: bool = False) -> list[Reply]:
+    """The assistant replies of one document (runs of loss-masked tokens), each cut after its first
+    EOS and at `max_new_tokens`, as decoding would stop. `whole_only` drops replies that the
+    document cuts short (no EOS and fewer than `max_new_tokens`: extraction truncated them), whose
+    real decoding would go on past the stored text."""
+    edges = np.flatnonzero(np.diff(np.concatenate([[0], loss_mask.astype(np.int8), [0]])))
+    out = []
+    for a, b in zip(edges[::2], edges[1::2]):
+        if a == 0:  # a reply with no prompt before it: nothing to decode from
+            continue
+        a, b = int(a), int(b)
+        stop = b
+        if eos is not None:
+            ends = np.flatnonzero(token_id[a:b] == eos)
+            stop = a + int(ends[0]) + 1 if len(ends) else b
+        ended = stop < b or (eos is not None and token_id[stop - 1] == eos)
+        if max_new_tokens is not None:
+            ended, stop = ended or stop - a >= max_new_tokens, min(stop, a + max_new_tokens)
+        if ended or not whole_only:
+            out.append(Reply(a, stop))
+    return out
+
+
+def whole_first_reply(token_id: np.ndarray, loss_mask: np.ndarray, eos: int | None,
+                      max_new_tokens: int | None) -> list[Reply]:
+    """The document's first reply if the document holds it whole (else nothing): what real decoding
+    of the document's first prompt replays (`--bench heldout`)."""
+    starts = np.flatnonzero(loss_mask)
+    replies = replies_in(token_id, loss_mask, eos, max_new_tokens, whole_only=True)
+    return replies[:1] if replies and len(starts) and replies[0].start == starts[0] else []
+
+
+@torch.no_grad()
+def draft_matches(head: DraftHead, aux: torch.Tensor, token_id: torch.Tensor, positions: torch.Tensor,
+                  depth: int) -> np.ndarray:
+    """bool (depth, T): draft i at pair position p equals token p+i+2 of the document."""
+    targets = torch.arange(head.config.draft_vocab_size, device=aux.device) + head.d2t
+    ids, pos = token_id[None], positions[None]
+    hidden = head.fuse(aux[None])
+    cache: list = []
+    matches = []
+    for i in range(depth):
+        hidden = head.step(hidden, shift_left(ids, i + 1, 0), pos + i, cache)
+        drafted = targets[head.logits(hidden).argmax(-1)]
+        matches.append((drafted == shift_left(ids, i + 2, -1))[0])
+    return torch.stack(matches).cpu().numpy()
+
+
+def simulate_rounds(matches: np.ndarray, reply: Reply) -> list[int]:
+    """Tokens each round adds (accepted drafts + the bonus, cut at the reply's end), from the
+    round after prefill to the end of the reply."""
+    depth = matches.shape[0]
+    gains = []
+    last = reply.start  # position of the last token generated so far
+    while last < reply.stop - 1:
+        pair = last - 1  # the head's newest pair: target state at last−1, token `last`
+        accepted = 0
+        while accepted < depth and last + 1 + accepted < reply.stop and matches[accepted, pair]:
+            accepted += 1
+        gain = min(accepted + 1, reply.stop - 1 - last)
+        gains.append(gain)
+        last += gain
+    return gains
+
+
+def summarize_rounds(gains_per_reply: list[list[int]], depth: int, seed: int = 0, resamples: int = 1000) -> dict:
+    """τ = tokens per round; per-position acceptance; a bootstrap 95% interval over replies."""
+    gains = [g for reply in gains_per_reply for g in reply]
+    if not gains:
+        raise LayerwaveError("no reply to simulate: the held-out documents have no assistant tokens after a "
+                             "prompt; use a store extracted from a generated corpus (--corpus regen:DIR)")
+    tokens = np.array([sum(r) for r in gains_per_reply], dtype=float)
+    rounds = np.array([len(r) for r in gains_per_reply], dtype=float)
+    rng = np.random.default_rng(seed)
+    picks = rng.integers(0, len(tokens), size=(resamples, len(tokens)))
+    boot = tokens[picks].sum(1) / np.maximum(rounds[picks].sum(1), 1)
+    accepted = np.array(gains) - 1
+    return {"tau": float(tokens.sum() / rounds.sum()), "tau_ci95": [float(np.quantile(boot, 0.025)),
+                                                                     float(np.quantile(boot, 0.975))],
+            "per_position": [float(np.mean(accepted > i)) for i in range(depth)], "rounds": int(rounds.sum()),
+            "replies": len(gains_per_reply), "tokens": int(tokens.sum()), "depth": depth}
+
+
+def simulate_documents(head: DraftHead, documents, depth: int, eos: int | None, max_new_tokens: int | None = None,
+                       first_turn_only: bool = False, limit: int | None = None) -> list[list[int]]:
+    """Tokens per round of every reply of `documents` ((aux, token_id, position, loss_mask) each),
+    the first `limit` documents that have a reply to simulate (all by default)."""
+    device = head.d2t.device
+    gains, simulated = [], 0
+    for aux, token_id, positions, loss_mask in documents:
+        replies = (whole_first_reply(token_id, loss_mask, eos, max_new_tokens) if first_turn_only
+                   else replies_in(token_id, loss_mask, eos, max_new_tokens))
+        if not replies:
+            continue
+        if limit is not None and simulated >= limit:
+            break
+        simulated += 1
+        matches = draft_matches(head, torch.from_numpy(aux).to(device), torch.from_numpy(token_id).long().to(device),
+                                torch.from_numpy(positions).long().to(device), depth)
+        gains += [simulate_rounds(matches, reply) for reply in replies]
+    return gains
+
+
+def offline_tau(head: DraftHead, data: StoreBatches, depth: int, eos: int | None,
+                max_new_tokens: int | None = None, first_turn_only: bool = False, limit: int | None = None) -> dict:
+    """τ_offline over the held-out documents of `data` (the head's own held-out split), the first
+    `limit` of them that have a reply to simulate (all by default)."""
+    if data.layers != head.config.layers:
+        raise LayerwaveError(f"the head reads layers {head.config.layers}; the data was opened for {data.layers}")
+    documents = (document for _, shard_documents in data.heldout_shards() for document in shard_documents)
+    return summarize_rounds(simulate_documents(head, documents, depth, eos, max_new_tokens, first_turn_only, limit),
+                            depth)

@@ -1,0 +1,214 @@
+"""Train an EAGLE-3 draft head for one layer set from the store, with checkpoints that resume exactly."""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+import torch
+
+from store import schema
+from store.errors import LayerwaveError
+from tasks.data import load_model
+from tasks.heads.draft_head import DraftConfig, DraftHead, draft_vocabulary, target_to_draft
+from tasks.heads.offline_tau import simulate_documents, summarize_rounds
+from tasks.heads.train_data import StoreBatches
+from tasks.heads.ttt import unroll
+from tasks.heads.warm_start import warm_start
+from tasks.progress import rate_eta
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    seq_len: int
+    batch_size: int
+    ttt_steps: int
+    lr: float
+    warmup_steps: int
+    epochs: int
+    eval_every: int
+    grad_clip: float = 0.5
+    weight_decay: float = 0.0
+    draft_vocab_size: int = 32000
+    holdout: float = 0.05
+    seed: int = 0
+    warm_start: bool = False  # lm_head rows and final norm from the target's (tasks/heads/warm_start.py)
+    freeze_lm_head: bool = False  # keep the warm-started lm_head and final norm as the target's
+    lm_head_lr_scale: float = 1.0  # their learning rate relative to the rest, when they train
+    chain_depth: int = 4  # drafts per round in the offline τ recorded at each evaluation
+
+
+PRESETS = {
+    "smoke": TrainConfig(seq_len=64, batch_size=8, ttt_steps=3, lr=5e-3, warmup_steps=10, epochs=8, eval_every=50,
+                         draft_vocab_size=4096),
+    # batch 1: on a CPU's small stores the head is starved of optimizer steps, not of tokens per step
+    "quick": TrainConfig(seq_len=512, batch_size=1, ttt_steps=3, lr=1e-3, warmup_steps=30, epochs=3, eval_every=100,
+                         draft_vocab_size=8192),
+    "full": TrainConfig(seq_len=2048, batch_size=16, ttt_steps=7, lr=1e-4, warmup_steps=500, epochs=10,
+                        eval_every=1000),
+}
+
+
+
+def build_head(data: StoreBatches, config: TrainConfig) -> DraftHead:
+    """A fresh head for `data`'s layers: target embeddings copied in, draft vocabulary from the
+    loss-masked tokens of the training documents."""
+    group, layers = data.group, data.layers
+    target = load_model.load(group.attrs["model"]["argument"], "cpu", group.attrs["extraction"]["dtype"])
+    vocab = target.model.config.vocab_size
+    token_id, mask = group[schema.TOKEN_ID][:], group[schema.LOSS_MASK][:]
+    training = mask & ~data.heldout_docs[data.doc]
+    counts = torch.from_numpy(np.bincount(token_id[training], minlength=vocab))
+    torch.manual_seed(config.seed)
+    head = DraftHead(DraftConfig.from_target(target.model.config, layers, min(config.draft_vocab_size, vocab)))
+    d2t, t2d = draft_vocabulary(counts, head.config.draft_vocab_size)
+    head.d2t.copy_(d2t)
+    head.t2d.copy_(t2d)
+    with torch.no_grad():
+        head.embed_tokens.weight.copy_(target.model.get_input_embeddings().weight.float())
+    if config.warm_start:
+        warm_start(head, target.model)
+    if config.freeze_lm_head:
+        for p in (*head.lm_head.parameters(), *head.norm.parameters()):
+            p.requires_grad_(False)
+    return head
+
+
+def parameter_groups(head: DraftHead, config: TrainConfig) -> list[dict]:
+    """The lm_head and final norm in a group of their own, whose learning rate is scaled."""
+    output = {id(p) for p in (*head.lm_head.parameters(), *head.norm.parameters())}
+    trainable = [p for p in head.parameters() if p.requires_grad]
+    groups = [{"params": [p for p in trainable if id(p) not in output], "scale": 1.0},
+              {"params": [p for p in trainable if id(p) in output], "scale": config.lm_head_lr_scale}]
+    return [g for g in groups if g["params"]]
+
+
+def learning_rate(step: int, total: int, config: TrainConfig) -> float:
+    """Linear warmup, then cosine decay to 10%."""
+    if step < config.warmup_steps:
+        return config.lr * (step + 1) / config.warmup_steps
+    progress = (step - config.warmup_steps) / max(1, total - config.warmup_steps)
+    return config.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, progress))))
+
+
+@torch.no_grad()
+def held_out_metrics(head: DraftHead, data: StoreBatches, config: TrainConfig, eos: int | None) -> dict:
+    """Held-out loss and accuracy per TTT step (accuracy: draft argmax = target argmax), and
+    τ_offline of chain drafting along the held-out replies (meaningful when they are the target's
+    own: a store of a regen: corpus); one read of the held-out shards serves both."""
+    index = target_to_draft(head.t2d)
+    steps = config.ttt_steps
+    loss, correct, counted = np.zeros(steps), np.zeros(steps), np.zeros(steps)
+    gains = []
+    for batches, documents in data.heldout_shards():
+        for batch in batches:
+            for i, r in enumerate(unroll(head, batch.to(index.device), index, steps)):
+                loss[i] += float(r.loss) * r.counted
+                correct[i] += r.correct
+                counted[i] += r.counted
+        gains += simulate_documents(head, documents, config.chain_depth, eos)
+    if not counted.any():
+        raise LayerwaveError("the held-out split has no loss-masked tokens; extract more --tokens")
+    return {"loss": (loss / np.maximum(counted, 1)).tolist(), "accuracy": (correct / np.maximum(counted, 1)).tolist(),
+            "tokens": counted.astype(int).tolist(), "tau_offline": summarize_rounds(gains, config.chain_depth)}
+
+
+def train(store: str, model_key: str, layers: list[int], out: Path, config: TrainConfig,
+          log: Callable[[str], None] = print, stop_after: int | None = None,
+          device: torch.device = torch.device("cpu")) -> tuple[DraftHead, dict]:
+    """Train (or resume) on `device`; returns the head (on the CPU) and its training record.
+    `stop_after` ends early, as a kill after that step's checkpoint would."""
+    data = StoreBatches(store, model_key, layers, seq_len=config.seq_len, batch_size=config.batch_size,
+                        seed=config.seed, holdout=config.holdout)
+    per_epoch = len(data.plan(0))
+    if per_epoch == 0 and not data.loss_mask.any():
+        raise LayerwaveError("no training windows: the store holds no assistant reply to learn from (a prompt-only "
+                             "corpus such as mt-bench?); extract a corpus with replies: sharegpt or regen:DIR")
+    if per_epoch == 0:
+        raise LayerwaveError("no training windows: the store has no training documents; extract more --tokens")
+    total = per_epoch * config.epochs
+    source = data.group.attrs["plan_hash"]
+    checkpoint = out / "checkpoint.pt"
+    head = build_head(data, config).to(device)
+    eos = load_model.load(data.group.attrs["model"]["argument"], "cpu",
+                          data.group.attrs["extraction"]["dtype"]).tokenizer.eos_token_id
+    optimizer = torch.optim.AdamW(parameter_groups(head, config), lr=config.lr, weight_decay=config.weight_decay)
+    step, history, untrained = 0, [], None
+    if checkpoint.exists():
+        state = torch.load(checkpoint, weights_only=False, map_location=device)
+        if (state["layers"], state["config"], state["source"]) != (layers, asdict(config), source):
+            raise LayerwaveError(f"{checkpoint} belongs to another run (layers, preset or data differ); "
+                                 "use another --out or delete it")
+        head.load_state_dict(state["head"])
+        optimizer.load_state_dict(state["optimizer"])
+        step, history, untrained = state["step"], state["history"], state["untrained"]
+        log(f"resuming from step {step}/{total}")
+    else:
+        untrained = held_out_metrics(head, data, config, eos)
+    index = target_to_draft(head.t2d)
+    weights = [0.8 ** i for i in range(config.ttt_steps)]
+    started, tokens, first_step = time.perf_counter(), 0, step
+    progress_every = max(1, math.ceil(total / 10))
+    while step < total and (stop_after is None or step < stop_after):
+        epoch, offset = divmod(step, per_epoch)
+        for batch in data.batches(data.plan(epoch), skip=offset):
+            for group in optimizer.param_groups:
+                group["lr"] = learning_rate(step, total, config) * group["scale"]
+            results = unroll(head, batch.to(device), index, config.ttt_steps)
+            loss = sum(w * r.loss for w, r in zip(weights, results))
+            if not torch.isfinite(loss):
+                raise LayerwaveError(f"training loss became {loss.item()} at step {step}; the last good checkpoint "
+                                     f"is {checkpoint if checkpoint.exists() else 'not written yet'}; lower the lr")
+            optimizer.zero_grad()
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_([p for p in head.parameters() if p.requires_grad], config.grad_clip)
+            optimizer.step()
+            step, tokens = step + 1, tokens + batch.tokens
+            if step % config.eval_every == 0 or step == total:
+                metrics = held_out_metrics(head, data, config, eos)
+                history.append({"step": step, "train_loss": loss.item(), **metrics})
+                log(f"step {step}/{total} loss {loss.item():.3f} held-out accuracy per TTT step "
+                    + " ".join(f"{a:.3f}" for a in metrics["accuracy"])
+                    + f", τ_offline {metrics['tau_offline']['tau']:.3f} ({metrics['tau_offline']['rounds']} rounds)")
+                _save(checkpoint, head, optimizer, step, history, untrained, layers, config, source)
+            elif step % progress_every == 0:  # between evaluations: a progress line and a resume point
+                elapsed = time.perf_counter() - started
+                log(f"step {step}/{total} loss {loss.item():.3f}, {tokens / elapsed:.0f} training tokens/s"
+                    + rate_eta(step - first_step, total - first_step, elapsed))
+                _save(checkpoint, head, optimizer, step, history, untrained, layers, config, source)
+            if step >= total or (stop_after is not None and step >= stop_after):
+                break
+    elapsed = time.perf_counter() - started
+    _save(checkpoint, head, optimizer, step, history, untrained, layers, config, source)
+    return head.cpu(), {"layers": layers, "model": model_key, "data_plan_hash": source, "config": asdict(config),
+            "steps": step, "total_steps": total, "trainable_parameters": head.trainable_parameters(),
+            "untrained": untrained, "history": history, "final": history[-1] if history else untrained,
+            "tokens_per_s": tokens / elapsed if elapsed > 0 else None, "finished": step >= total}
+
+
+def _save(path: Path, head, optimizer, step, history, untrained, layers, config, source) -> None:
+    """Write the checkpoint atomically: a kill mid-write leaves the previous one intact."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    staging = path.with_suffix(".tmp")
+    torch.save({"head": head.state_dict(), "optimizer": optimizer.state_dict(), "step": step, "history": history,
+                "untrained": untrained, "layers": layers, "config": asdict(config), "source": source}, staging)
+    os.replace(staging, path)
+
+
+def preset(name: str, **overrides) -> TrainConfig:
+    if name not in PRESETS:
+        raise LayerwaveError(f"unknown --preset {name!r}; use {', '.join(PRESETS)}")
+    for option in ("epochs", "ttt_steps"):
+        if overrides.get(option) is not None and overrides[option] < 1:
+            raise LayerwaveError(f"--{option.replace('_', '-')} must be at least 1 (got {overrides[option]})")
+    if overrides.get("lm_head_lr_scale") is not None and overrides["lm_head_lr_scale"] < 0:
+        raise LayerwaveError(f"--lm-head-lr-scale must be >= 0 (got {overrides['lm_head_lr_scale']})")
+    config = replace(PRESETS[name], **{k: v for k, v in overrides.items() if v is not None})
+    if config.freeze_lm_head and not config.warm_start:
+        raise LayerwaveError("--freeze-lm-head keeps the lm_head as it starts; it needs --warm-start")
+    return config

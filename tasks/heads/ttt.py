@@ -1,0 +1,59 @@
+"""Training-time test: unroll the draft head over `steps` and score each step against the target.
+
+Shifts follow SpecForge's EAGLE-3 recipe: at store position t, step 0 combines the target's aux
+hidden state at t with the embedding of token t+1 and is taught the target's next-token
+distribution at t+1; step i feeds back its own hidden state, reads token t+i+1, is taught the
+distribution at t+i+1, counts where token t+i is loss-masked and the target's argmax is in the
+draft vocabulary, and uses rotary positions shifted by i.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from tasks.heads.draft_head import DraftHead
+from tasks.heads.train_data import Batch
+
+
+@dataclass
+class StepResult:
+    loss: torch.Tensor  # mean soft cross-entropy over counted positions (0 when none)
+    correct: int
+    counted: int
+
+
+def shift_left(x: torch.Tensor, n: int, fill) -> torch.Tensor:
+    """x[:, t] ← x[:, t + n], padding the end with `fill` (all fill when n ≥ the width: a batch of
+    short windows unrolled further than they reach)."""
+    n = min(n, x.shape[1])
+    if n == 0:
+        return x
+    pad = torch.full((x.shape[0], n) + tuple(x.shape[2:]), fill, dtype=x.dtype, device=x.device)
+    return torch.cat([x[:, n:], pad], dim=1)
+
+
+def unroll(head: DraftHead, batch: Batch, target_to_draft: torch.Tensor, steps: int) -> list[StepResult]:
+    hidden = head.fuse(batch.aux)
+    cache: list = []
+    results = []
+    for i in range(steps):
+        input_ids = shift_left(batch.input_ids, i + 1, 0)
+        label_ids = target_to_draft[shift_left(batch.label_ids, i + 1, 0)]  # draft ids, −1 outside
+        label_logprobs = shift_left(batch.label_logprobs, i + 1, float("-inf"))
+        counted = (shift_left(batch.valid, i + 1, False) & shift_left(batch.loss_mask, i, False)
+                   & (label_ids[..., 0] >= 0))
+        in_vocab = label_ids >= 0
+        teacher = torch.where(in_vocab, label_logprobs.exp(), label_logprobs.new_zeros(()))
+        teacher = teacher / teacher.sum(-1, keepdim=True).clamp(min=1e-12)  # renormalised on the draft vocab
+
+        hidden = head.step(hidden, input_ids, batch.positions + i, cache)
+        logprobs = torch.log_softmax(head.logits(hidden).float(), dim=-1)
+        picked = logprobs.gather(-1, label_ids.clamp(min=0))
+        per_token = -(teacher * picked).sum(-1)
+        n = int(counted.sum())
+        loss = (per_token * counted).sum() / max(n, 1)
+        correct = int(((logprobs.argmax(-1) == label_ids[..., 0]) & counted).sum())
+        results.append(StepResult(loss, correct, n))
+    return results

@@ -1,0 +1,67 @@
+"""PNG plots of an analysis, written beside the store (never inside it)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import matplotlib
+import numpy as np
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import xarray as xr  # noqa: E402
+
+from tasks.report.report import is_default  # noqa: E402
+
+
+def plot_entropy_vs_depth(measures: dict[str, xr.Dataset], path: Path, title: str) -> Path:
+    figure, axis = plt.subplots(figsize=(7, 4))
+    for key, ds in measures.items():
+        axis.plot(ds.layer, ds.entropy_h1, marker="o", ms=3, label=f"H1, {key} ({ds.attrs['tokens_kept']} tokens)")
+        axis.plot(ds.layer, ds.entropy_h2, ls="--", lw=1, label=f"H2, {key}")
+    axis.set(xlabel="layer (HF hidden_states index)", ylabel="matrix entropy (nats)", title=title)
+    axis.legend(fontsize=7)
+    axis.grid(alpha=0.3)
+    return _save(figure, path)
+
+
+def plot_cka(ds: xr.Dataset, path: Path, title: str) -> Path:
+    figure, axes = plt.subplots(1, 2, figsize=(10, 4.4))
+    for axis, name in zip(axes, ("cka", "cka_debiased")):
+        image = axis.imshow(ds[name].values, vmin=0, vmax=1, cmap="viridis", origin="lower")
+        axis.set(title=f"{name} ({ds.attrs['filter']})", xlabel="layer", ylabel="layer")
+        figure.colorbar(image, ax=axis, fraction=0.046)
+    figure.suptitle(title)
+    return _save(figure, path)
+
+
+def plot_tau_by_set(rows: list[dict], benches: list[str], path: Path, title: str) -> Path:
+    """τ per layer set and benchmark: each seed a dot, the mean with its 95% interval a bar, so
+    the reader sees how far apart the sets are next to how far apart the seeds are."""
+    benches = [b for b in benches if any(r["bench"] == b for r in rows)]
+    labels = sorted({str(r["layers"]) for r in rows},  # best on average at the top
+                    key=lambda label: np.mean([r["tau_mean"] for r in rows if str(r["layers"]) == label]))
+    figure, axes = plt.subplots(1, len(benches), figsize=(max(6.5, 4.5 * len(benches)), 0.35 * len(labels) + 1.9),
+                                sharey=True, squeeze=False)
+    for axis, bench in zip(axes[0], benches):
+        for y, label in enumerate(labels):
+            row = next((r for r in rows if r["bench"] == bench and str(r["layers"]) == label), None)
+            if row is None:
+                continue
+            color = "tab:red" if is_default(row) else "tab:blue"
+            axis.errorbar(row["tau_mean"], y, xerr=row["tau_ci95"] or 0, fmt="o", color=color, capsize=3)
+            axis.scatter(row["tau_per_seed"], [y] * len(row["tau_per_seed"]), s=10, color=color, alpha=0.4)
+        axis.set(title=bench, xlabel="τ (tokens per target forward)")
+        axis.grid(alpha=0.3)
+    axes[0][0].set_yticks(range(len(labels)), labels, fontsize=7)
+    figure.suptitle(f"{title}\nred: EAGLE-3 default · dots: one seed each · bars: 95% t interval over seeds",
+                    fontsize=9)
+    return _save(figure, path)
+
+
+def _save(figure, path: Path) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
+    return path

@@ -1,0 +1,115 @@
+"""The report's work: result rows read back from disk, its own plots drawn, report.md and
+results.json written (and published), and Prefect artifacts.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import xarray as xr
+from prefect import task
+from prefect.artifacts import create_markdown_artifact, create_table_artifact
+from prefect.cache_policies import NO_CACHE
+
+from store import paths
+from store.access import open_existing
+from store.errors import LayerwaveError
+from store.paths import Workspace
+from store.read import open_activations
+from tasks.pipeline_presets import REFERENCE_FILTER, pipeline_preset
+from tasks.report.plots import plot_cka, plot_entropy_vs_depth, plot_tau_by_set
+from tasks.report.report import SCORES, correlations, load_evaluations, markdown, result_rows
+from tasks.report.study import screening_rows, screening_tau
+from tasks.select.select import analysis_filters, candidates_from
+
+REFERENCE = REFERENCE_FILTER.key
+
+
+@task(name="write-report", cache_policy=NO_CACHE)
+def report_task(store: str, model_key: str, preset: str, sets: list[list[int]] | None = None) -> dict:
+    """`<store>.reports/<model>/report.md` and `results.json` from what is on disk; `sets` limits
+    the report to the sets a pipeline run trained (default: every candidate with results)."""
+    p = pipeline_preset(preset)
+    group = paths.selection(model_key, REFERENCE)
+    if open_existing(store, group) is None:
+        raise LayerwaveError(f"no selection for {model_key} in {store}; run `layerwave run --model {model_key} "
+                             f"--store {store} --preset {preset}` first")
+    selection = xr.open_zarr(store, group=group, consolidated=False).load()
+    candidates = [c for c in candidates_from(selection) if sets is None or c["layers"] in sets]
+    benches = list(p.benches)
+    rows = result_rows(candidates, load_evaluations(store, model_key, preset, candidates, p.seeds, benches), benches)
+    screening = load_screening(store, model_key, preset, candidates_from(selection), p.seeds) if p.screen_epochs else []
+    screened = {tuple(r["layers"]): r["tau_offline_mean"] for r in screening}
+    for row in rows:
+        row["screening_tau_offline"] = screened.get(tuple(row["layers"]))
+    correlation = correlations(rows, benches, SCORES + (("screening_tau_offline",) if screening else ()))
+    folder = Workspace(store).reports(model_key)
+    corpus = open_activations(store, model_key).attrs["corpus"]
+    facts = {"model": model_key, "store": store, "preset": preset,
+             "training corpus": corpus["spec"], "training tokens": corpus["tokens"], "documents": corpus["documents"],
+             "seeds": ", ".join(map(str, p.seeds)), "benchmarks": ", ".join(benches),
+             "prompts per benchmark": p.prompts, "max new tokens": p.max_new_tokens, "draft depth": p.depth,
+             "selection scored on token filter": REFERENCE,
+             "evaluated (set, seed, bench)": f"{sum(len(r['seeds']) for r in rows)} of "
+                                             f"{len(candidates) * len(p.seeds) * len(benches)}"}
+    plots = report_plots(store, model_key, folder, rows, benches, f"{model_key} ({preset})")
+    text = markdown(f"layerwave report: {model_key} ({preset})", facts, plots, candidates, rows, correlation, benches,
+                    screening, replayed=p.replay)
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "report.md").write_text(text)
+    (folder / "results.json").write_text(json.dumps({"rows": rows, "screening": screening,
+                                                     "rank_correlation": correlation}, indent=2) + "\n")
+    if p.publish:
+        _publish(folder, [name for name, _ in plots], Path(p.publish) / model_key)
+    create_markdown_artifact(key=f"report-{_artifact_key(model_key)}", markdown=text,
+                             description=f"layerwave report for {model_key}")
+    if rows:
+        create_table_artifact(key=f"results-{_artifact_key(model_key)}", table=[
+            {k: r[k] for k in ("layers", "method", "bench", "tau_mean", "tau_ci95", "speedup_mean")} for r in rows])
+    return {"path": str(folder / "report.md"), "rows": rows, "rank_correlation": correlation}
+
+
+def load_screening(store: str, model_key: str, preset: str, candidates: list[dict], seeds) -> list[dict]:
+    """The screening round's rows from the screening heads found on disk."""
+    scores = {}
+    for candidate in candidates:
+        for seed in seeds:
+            head = Workspace(store).screening_head(model_key, preset, candidate["layers"], seed)
+            if (head / "training.json").is_file():
+                scores.setdefault(tuple(candidate["layers"]), {})[seed] = screening_tau(head)
+    return screening_rows(candidates, scores)
+
+
+def report_plots(store: str, model_key: str, folder: Path, rows: list[dict], benches: list[str],
+                 title: str) -> list[tuple[str, str]]:
+    """The report's own plots, in pipeline order, each drawn here from the store and the rows so
+    that none shows other data (a manual `analyze` with another filter draws its own files):
+    (file name, caption)."""
+    filters = analysis_filters(store, model_key)
+    analyses = {key: xr.open_zarr(store, group=paths.analysis(model_key, key), consolidated=False).load()
+                for key in filters}
+    plots = [("entropy_vs_depth.png", "Matrix entropy of each layer's hidden states (nats; H1 solid, H2 dashed), "
+                                      "one line per token filter: how much information each layer spreads."),
+             (f"cka_{REFERENCE}.png", f"CKA between every pair of layers on {REFERENCE}, the token filter selection "
+                                      "scored sets on (left: CKA, right: debiased CKA; bright = redundant layers).")]
+    plot_entropy_vs_depth(analyses, folder / plots[0][0], f"{title}: entropy vs depth")
+    plot_cka(analyses[REFERENCE], folder / plots[1][0], f"{title}: layer similarity")
+    if rows:
+        plot_tau_by_set(rows, benches, folder / "tau_by_set.png", title)
+        plots.append(("tau_by_set.png", "τ of each trained layer set per benchmark: one dot per seed, the mean with "
+                                        "its 95% interval over seeds as a bar; red is the EAGLE-3 default."))
+    return plots
+
+
+def _publish(folder: Path, plots: list[str], target: Path) -> None:
+    """The small files of a report (Markdown, its plots, result rows), for committing beside the code."""
+    target.mkdir(parents=True, exist_ok=True)
+    for name in ["report.md", "results.json", *plots]:
+        shutil.copy2(folder / name, target / name)
+
+
+def _artifact_key(model_key: str) -> str:
+    """Artifact keys allow lowercase letters, digits and dashes only."""
+    return "".join(ch if ch.isalnum() else "-" for ch in model_key.lower())
