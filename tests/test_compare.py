@@ -138,6 +138,14 @@ def rows_of(timings, tokens: int = 64) -> list[dict]:
              "baseline_tokens": tokens, "baseline_seconds": plain} for i, (tau, seconds, plain) in enumerate(timings)]
 
 
+def test_the_contention_guard_flags_the_prompts_a_cpu_hog_slowed_in_a_recorded_run():
+    recorded = json.loads((Path(__file__).parent / "data" / "contention_hog.json").read_text())
+    assert contention(recorded["idle"]) == {"bound": 1.5, "busy_prompts": [], "flagged": False}
+    assert contention(recorded["hogged"]) == {"bound": 1.5, "busy_prompts": [1, 2], "flagged": True}
+    slowed = [r["baseline_seconds"] for r in recorded["hogged"] if r["prompt"] in (1, 2)]
+    assert min(slowed) > 2 * max(r["baseline_seconds"] for r in recorded["idle"])  # the hogs hit those baselines
+
+
 def test_the_contention_guard_flags_the_prompt_timed_beside_other_work():
     assert contention(rows_of(BUSY_RUN)) == {"bound": 1.5, "busy_prompts": [1], "flagged": True}
     assert contention(rows_of(IDLE_RUN)) == {"bound": 1.5, "busy_prompts": [], "flagged": False}
