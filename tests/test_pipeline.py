@@ -15,6 +15,7 @@ from tasks.data.registry import add_model
 from tasks.pipeline_stages import by_priority, is_complete
 from tasks.report.report import mean_ci95, paired_difference_ci95, spearman, spearman_p, verdict
 from tests.conftest import TINY, saved_checkpoint
+from tests.processes import cli_argv, run
 
 
 def modification_times(*folders: Path) -> dict[str, int]:
@@ -88,6 +89,17 @@ def test_report_command_regenerates_the_report(finished, tmp_path, capsys):
     assert report.count("*Figure ") == 3 and "## What the numbers mean" in report and "**τ** (tau)" in report
     assert "time of the target decoding alone" in report  # the speed-up's baseline
     assert "One seed per set: no interval across seeds" in report
+
+
+
+def test_prefects_run_chatter_stays_off_the_terminal_unless_verbose(finished, prefect_api):
+    store, _ = finished
+    argv = cli_argv("report", {"model": TINY, "preset": "smoke", "store": store})
+    quiet, verbose = run(argv, prefect_api), run(argv + ["--verbose"], prefect_api)
+    assert quiet.returncode == verbose.returncode == 0, quiet.stderr + verbose.stderr
+    assert "Finished in state Completed" in verbose.stderr and "Beginning flow run" in verbose.stderr
+    assert "Finished in state" not in quiet.stderr and "Beginning flow run" not in quiet.stderr
+    assert "layerwave report" in quiet.stdout
 
 
 @pytest.mark.parametrize("argv, message", [
