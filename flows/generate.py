@@ -20,6 +20,7 @@ from tasks.data.generate import (GenerateRequest, check_chat_template, check_req
                                  prepare, shard_records, shard_stats)
 from tasks.data.regen_corpus import committed_shards
 from tasks.data.registry import resolve
+from tasks.progress import duration
 from tasks.names import DEFAULT_MODEL
 
 
@@ -55,7 +56,7 @@ def generate(model: str = DEFAULT_MODEL, source: str = "sharegpt", out: str = ""
             meter.shard = shard
             records = shard_records(len(conversations), request, shard)
             stats.append(generate_shard_task(request, shard, {r: conversations[r] for r in records},
-                                             progress=meter.add))
+                                             progress=meter.add, beat=meter.beat))
             spent, shard = spent + stats[-1]["tokens"], shard + 1
             update_progress_artifact(artifact, progress=min(100.0, 100.0 * spent / tokens))
         if spent < tokens:
@@ -85,6 +86,12 @@ class _Meter:
         left = max(0, self.budget - total) / max(rate, 1e-9)
         self.logger.info("generate [%s] %3.0f%% %d/%d reply tokens, shard %d, %.0f tokens/s, ~%.0f min left", bar,
                          100 * share, total, self.budget, self.shard, rate, left / 60)
+
+
+    def beat(self, step: int) -> None:
+        """A line while a batch is still generating (its replies count once the batch ends)."""
+        self.logger.info("generate: shard %d, a batch at new token %d, %s elapsed", self.shard, step,
+                         duration(self.elapsed()))
 
 
 def _summary(out: str, manifest: dict, generated: int, seconds: float) -> dict:

@@ -7,10 +7,14 @@ import os
 import signal
 from pathlib import Path
 
+import torch
+from transformers import StoppingCriteriaList
+
 from flows.cli import main
 from flows.generate import generate
 from store.read import open_activations
 from tasks.data.corpus import load_corpus
+from tasks.data.generate import Heartbeat
 from tasks.data.regen_corpus import committed_shards, read_generated
 from tasks.decode.spec_decode import plain_generate
 from tests.conftest import GENERATION, TINY, saved_checkpoint
@@ -99,3 +103,11 @@ def test_bad_generation_requests_are_one_line(tmp_path, tiny, prefect_api, capsy
 
 def regen_spec(tmp_path, options) -> str:
     return generate(out=str(tmp_path / "small"), **options)["corpus"]
+
+
+def test_a_batch_beats_while_it_generates_and_is_never_stopped_by_it(tiny):
+    beats = []
+    ids = torch.tensor([[1, 2, 3]])
+    out = tiny.model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=6, min_new_tokens=6,
+                              do_sample=False, stopping_criteria=StoppingCriteriaList([Heartbeat(beats.append, 0.0)]))
+    assert out.shape[1] == 3 + 6 and beats == [1, 2, 3, 4, 5, 6]

@@ -18,13 +18,16 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 import torch
 from prefect import task
 from prefect.cache_policies import NO_CACHE
+from transformers import StoppingCriteria, StoppingCriteriaList
 
 from store.errors import LayerwaveError
 from tasks.data import load_model
@@ -144,9 +147,25 @@ def shard_stats(path: Path) -> dict:
 
 
 @torch.inference_mode()
+class Heartbeat(StoppingCriteria):
+    """Never stops generation: calls `beat(step)` at most every `every` seconds, so that a batch
+    of long replies (a minute on a CPU) is not a minute of silence."""
+
+    def __init__(self, beat: Callable[[int], None], every: float = 10.0):
+        self.beat, self.every, self.step, self.last = beat, every, 0, time.perf_counter()
+
+    def __call__(self, input_ids, scores, **kwargs):
+        self.step += 1
+        if time.perf_counter() - self.last >= self.every:
+            self.last = time.perf_counter()
+            self.beat(self.step)
+        return torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
+
+
 def generate_batch(model, prompts: list[list[int]], max_new_tokens: int, eos: int, pad: int,
-                   temperature: float) -> list[list[int]]:
-    """New tokens per prompt (left padding, KV cache), cut after the first EOS."""
+                   temperature: float, beat: Callable[[int], None] | None = None) -> list[list[int]]:
+    """New tokens per prompt (left padding, KV cache), cut after the first EOS; `beat(step)` is
+    called every few seconds while it runs."""
     width = max(len(p) for p in prompts)
     ids = torch.full((len(prompts), width), pad, dtype=torch.long)
     mask = torch.zeros((len(prompts), width), dtype=torch.long)
@@ -155,8 +174,9 @@ def generate_batch(model, prompts: list[list[int]], max_new_tokens: int, eos: in
         mask[row, width - len(prompt):] = 1
     sampling = ({"do_sample": True, "temperature": temperature, "top_k": None, "top_p": None} if temperature > 0
                 else {"do_sample": False})
+    criteria = StoppingCriteriaList([Heartbeat(beat)] if beat else [])
     out = model.generate(ids.to(model.device), attention_mask=mask.to(model.device), max_new_tokens=max_new_tokens,
-                         eos_token_id=eos, pad_token_id=pad, **sampling)
+                         eos_token_id=eos, pad_token_id=pad, stopping_criteria=criteria, **sampling)
     replies = []
     for row in out[:, width:].tolist():
         replies.append(row[: row.index(eos) + 1] if eos in row else row)
@@ -170,7 +190,7 @@ def shard_records(n_conversations: int, request: GenerateRequest, shard: int) ->
 
 
 def generate_shard(loaded, conversations: dict[int, Conversation], request: GenerateRequest, shard: int,
-                   progress=lambda tokens: None) -> list[dict]:
+                   progress=lambda tokens: None, beat=None) -> list[dict]:
     """Answer the user turns of `conversations` (by corpus index) with the target; one dict per
     conversation that got at least one reply."""
     tokenizer = loaded.tokenizer
@@ -189,7 +209,7 @@ def generate_shard(loaded, conversations: dict[int, Conversation], request: Gene
         for start in range(0, len(asked), request.batch_size):
             batch = asked[start: start + request.batch_size]
             replies = generate_batch(loaded.model, [p for _, _, p in batch], request.max_new_tokens, eos, pad,
-                                     request.temperature)
+                                     request.temperature, beat)
             for (_, record, _), reply in zip(batch, replies):
                 _record_reply(tokenizer, states[record], reply, eos, turn)
             progress(sum(len(r) for r in replies))
@@ -254,10 +274,10 @@ def write_shard(out: Path, shard: int, rows: list[dict]) -> Path:
 
 @task(name="generate-shard", cache_policy=NO_CACHE)
 def generate_shard_task(request: GenerateRequest, shard: int, conversations: dict[int, Conversation],
-                        progress=lambda tokens: None) -> dict:
+                        progress=lambda tokens: None, beat=None) -> dict:
     """Generate shard `shard` from its `conversations` (by corpus index) and commit it; returns its
     reply counts (the replies stay on disk)."""
     rows = generate_shard(load_model.load(request.model, request.device, "auto"), conversations, request, shard,
-                          progress)
+                          progress, beat)
     write_shard(Path(request.out), shard, rows)
     return {"shard": shard, **reply_stats(rows)}

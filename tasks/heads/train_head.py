@@ -23,6 +23,9 @@ from tasks.heads.warm_start import warm_start
 from tasks.progress import rate_eta
 
 
+PROGRESS_SECONDS = 10.0  # a training run prints at least this often
+
+
 @dataclass(frozen=True)
 class TrainConfig:
     seq_len: int
@@ -153,7 +156,13 @@ def train(store: str, model_key: str, layers: list[int], out: Path, config: Trai
     index = target_to_draft(head.t2d)
     weights = [0.8 ** i for i in range(config.ttt_steps)]
     started, tokens, first_step = time.perf_counter(), 0, step
-    progress_every = max(1, math.ceil(total / 10))
+    progress_every = max(1, math.ceil(total / 10))  # a resume point
+    last_line = started
+
+    def progress_line() -> str:
+        elapsed = time.perf_counter() - started
+        return (f"step {step}/{total} loss {loss.item():.3f}, {tokens / elapsed:.0f} training tokens/s"
+                + rate_eta(step - first_step, total - first_step, elapsed))
     while step < total and (stop_after is None or step < stop_after):
         epoch, offset = divmod(step, per_epoch)
         for batch in data.batches(data.plan(epoch), skip=offset):
@@ -176,11 +185,14 @@ def train(store: str, model_key: str, layers: list[int], out: Path, config: Trai
                     + " ".join(f"{a:.3f}" for a in metrics["accuracy"])
                     + f", τ_offline {metrics['tau_offline']['tau']:.3f} ({metrics['tau_offline']['rounds']} rounds)")
                 _save(checkpoint, head, optimizer, step, history, untrained, layers, config, source)
+                last_line = time.perf_counter()
             elif step % progress_every == 0:  # between evaluations: a progress line and a resume point
-                elapsed = time.perf_counter() - started
-                log(f"step {step}/{total} loss {loss.item():.3f}, {tokens / elapsed:.0f} training tokens/s"
-                    + rate_eta(step - first_step, total - first_step, elapsed))
+                log(progress_line())
                 _save(checkpoint, head, optimizer, step, history, untrained, layers, config, source)
+                last_line = time.perf_counter()
+            elif time.perf_counter() - last_line >= PROGRESS_SECONDS:
+                log(progress_line())
+                last_line = time.perf_counter()
             if step >= total or (stop_after is not None and step >= stop_after):
                 break
     elapsed = time.perf_counter() - started
