@@ -48,16 +48,17 @@ def evaluate_stage(model: str, head: str, bench: str, p: PipelinePreset, store: 
     replies); the result is kept beside the head under the key of its inputs (the head's own
     training key included), so a re-run reuses it."""
     training = json.loads((Path(head) / "training.json").read_text())
-    replayed = Workspace(store).replay_store(resolve(model).key, bench) if p.replay else None
-    key = stage_key(training["stage_key"], bench, p.prompts, p.max_new_tokens, p.depth,
-                    replayed and open_activations(replayed, resolve(model).key).attrs["plan_hash"])
+    model_key = resolve(model).key
+    replies = (open_activations(Workspace(store).replay_store(model_key, bench), model_key).attrs["plan_hash"]
+               if p.replay else None)  # the replayed replies are an input too
+    key = stage_key(training["stage_key"], bench, p.prompts, p.max_new_tokens, p.depth, replies)
     path = paths.evaluation(Path(head), bench)
     done = current_record(path, key)
     if done:
         return {**done, "reused": True}
-    if replayed:
+    if p.replay:
         target, drafter = load_pair(model, head, "cpu")
-        result = {**replay_tau(drafter, store, resolve(model).key, bench, p.depth, target.tokenizer.eos_token_id,
+        result = {**replay_tau(drafter, store, model_key, bench, p.depth, target.tokenizer.eos_token_id,
                                p.max_new_tokens), "speedup": None, "lossless": None}
     else:
         result = evaluate(model=model, head=head, bench=bench, limit=p.prompts, max_new_tokens=p.max_new_tokens,
@@ -97,7 +98,7 @@ def screen(model: str, store: str, model_key: str, preset: str, p: PipelinePrese
         trained = train_head(model=model, store=store, layers=candidate["layers"], out=str(head),
                              preset_name=p.train_preset, seed=seed, epochs=p.screen_epochs, warm_start=warm_start)
         pace.finish(worked=not trained["reused"])
-        scores.setdefault(tuple(candidate["layers"]), {})[seed] = screening_tau(head)
+        scores.setdefault(tuple(candidate["layers"]), {})[seed] = screening_tau(trained["final"])
     return screening_rows(candidates, scores)
 
 

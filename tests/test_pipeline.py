@@ -22,10 +22,15 @@ def modification_times(*folders: Path) -> dict[str, int]:
     return {str(path): path.stat().st_mtime_ns for folder in folders for path in folder.rglob("*") if path.is_file()}
 
 
+def pipeline_run(tmp_path_factory, store_name: str, preset: str) -> tuple[str, dict]:
+    """(store, summary) of a whole pipeline run of the tiny model in a fresh folder."""
+    store = str(tmp_path_factory.mktemp(preset) / store_name)
+    return store, pipeline(model=TINY, preset=preset, store=store)
+
+
 @pytest.fixture(scope="module")
 def finished(tmp_path_factory, prefect_api):
-    store = tmp_path_factory.mktemp("pipeline") / "smoke.zarr"
-    return str(store), pipeline(model=TINY, preset="smoke", store=str(store))
+    return pipeline_run(tmp_path_factory, "smoke.zarr", "smoke")
 
 
 def test_pipeline_writes_every_stage_and_a_report(finished):

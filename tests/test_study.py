@@ -15,13 +15,12 @@ from store.paths import Workspace
 from store.read import open_activations
 from tasks.report.study import finalists, screening_rows
 from tests.conftest import TINY
-from tests.test_pipeline import modification_times
+from tests.test_pipeline import modification_times, pipeline_run
 
 
 @pytest.fixture(scope="module")
 def studied(tmp_path_factory, prefect_api):
-    store = tmp_path_factory.mktemp("study") / "study.zarr"
-    return str(store), pipeline(model=TINY, preset="smoke-study", store=str(store))
+    return pipeline_run(tmp_path_factory, "study.zarr", "smoke-study")
 
 
 def test_every_candidate_is_screened_and_the_finalists_come_from_the_screening(studied):

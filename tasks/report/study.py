@@ -8,18 +8,17 @@ always holds the baseline to beat and a set chosen by chance.
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
 
 import numpy as np
 
 from tasks.names import EAGLE3_DEFAULT, RANDOM_PREFIX
 
 
-def screening_tau(head: Path) -> dict:
-    """The screening score of one trained head: τ_offline at the end of its training."""
-    final = json.loads((head / "training.json").read_text())["final"]["tau_offline"]
-    return {"tau": final["tau"], "rounds": final["rounds"], "tau_ci95": final["tau_ci95"]}
+def screening_tau(final: dict) -> dict:
+    """The screening score of one trained head from its final training record (`final` of its
+    training.json, as `layerwave train` returns it): τ_offline at the end of its training."""
+    tau = final["tau_offline"]
+    return {"tau": tau["tau"], "rounds": tau["rounds"], "tau_ci95": tau["tau_ci95"]}
 
 
 def screening_rows(candidates: list[dict], scores: dict[tuple, dict[int, dict]]) -> list[dict]:

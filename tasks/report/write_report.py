@@ -76,9 +76,10 @@ def load_screening(store: str, model_key: str, preset: str, candidates: list[dic
     scores = {}
     for candidate in candidates:
         for seed in seeds:
-            head = Workspace(store).screening_head(model_key, preset, candidate["layers"], seed)
-            if (head / "training.json").is_file():
-                scores.setdefault(tuple(candidate["layers"]), {})[seed] = screening_tau(head)
+            record = Workspace(store).screening_head(model_key, preset, candidate["layers"], seed) / "training.json"
+            if record.is_file():
+                scores.setdefault(tuple(candidate["layers"]), {})[seed] = screening_tau(
+                    json.loads(record.read_text())["final"])
     return screening_rows(candidates, scores)
 
 
