@@ -450,8 +450,10 @@ def _run_report(args) -> dict:
     _configure_logging()
     from flows.report import report
 
+    from store.artefacts import location
+
     summary = report(model=args.model, preset=args.preset, store=args.store)
-    print(open(summary["path"]).read())
+    print(location(summary["path"]).read_text())
     return summary
 
 

@@ -8,11 +8,11 @@ Re-running skips committed shards and regenerates the rest exactly (tasks/data/g
 from __future__ import annotations
 
 import time
-from pathlib import Path
 
 from prefect import flow, get_run_logger
 from prefect.artifacts import create_progress_artifact, update_progress_artifact
 
+from store.artefacts import location
 from store.lock import WHOLE, writer_lock
 from tasks.data import load_model
 from tasks.data.corpus import load_corpus
@@ -20,8 +20,8 @@ from tasks.data.generate import (GenerateRequest, check_chat_template, check_req
                                  prepare, shard_records, shard_stats)
 from tasks.data.regen_corpus import committed_shards
 from tasks.data.registry import resolve
-from tasks.progress import duration
 from tasks.names import DEFAULT_MODEL
+from tasks.progress import duration
 
 
 @flow(name="layerwave-generate")
@@ -45,7 +45,7 @@ def generate(model: str = DEFAULT_MODEL, source: str = "sharegpt", out: str = ""
             logger.info("corpus %s is complete: %d reply tokens in %d shards", out, manifest["tokens"],
                         manifest["shards"])
             return _summary(out, manifest, 0, 0.0)
-        stats = [shard_stats(path) for path in committed_shards(Path(out))]
+        stats = [shard_stats(path) for path in committed_shards(location(out))]
         spent, shard = sum(s["tokens"] for s in stats), len(stats)
         logger.info("%s answers %s into %s: %d of at least %d reply tokens already generated (%d shards)",
                     key, source, out, spent, tokens, shard)
@@ -61,7 +61,7 @@ def generate(model: str = DEFAULT_MODEL, source: str = "sharegpt", out: str = ""
             update_progress_artifact(artifact, progress=min(100.0, 100.0 * spent / tokens))
         if spent < tokens:
             logger.warning("the corpus ran out after %d reply tokens (asked for %d)", spent, tokens)
-        manifest = finish(Path(out), manifest, stats)
+        manifest = finish(location(out), manifest, stats)
     logger.info("corpus %s complete: %d replies, %d reply tokens; use --corpus regen:%s", out, manifest["replies"],
                 spent, out)
     return _summary(out, manifest, meter.generated, meter.elapsed())

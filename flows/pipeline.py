@@ -12,9 +12,7 @@ A finished model re-runs with no stage work; a failed or deleted stage re-runs a
 
 from __future__ import annotations
 
-import json
 from datetime import datetime, timezone
-from pathlib import Path
 
 from prefect import flow, get_run_logger, task
 from prefect.cache_policies import NO_CACHE
@@ -27,6 +25,7 @@ from flows.selection import select
 from flows.train import train_head
 from store import paths
 from store.access import open_existing
+from store.artefacts import location, read_json, write_json
 from store.errors import LayerwaveError
 from store.paths import Workspace
 from store.read import open_activations
@@ -47,12 +46,12 @@ def evaluate_stage(model: str, head: str, bench: str, p: PipelinePreset, store: 
     """Speculative decoding of `bench` with one head (real, or replayed along the target's stored
     replies); the result is kept beside the head under the key of its inputs (the head's own
     training key included), so a re-run reuses it."""
-    training = json.loads((Path(head) / "training.json").read_text())
+    training = read_json(location(head) / "training.json")
     model_key = resolve(model).key
     replies = (open_activations(Workspace(store).replay_store(model_key, bench), model_key).attrs["plan_hash"]
                if p.replay else None)  # the replayed replies are an input too
     key = stage_key(training["stage_key"], bench, p.prompts, p.max_new_tokens, p.depth, replies)
-    path = paths.evaluation(Path(head), bench)
+    path = paths.evaluation(head, bench)
     done = current_record(path, key)
     if done:
         return {**done, "reused": True}
@@ -161,9 +160,9 @@ def pipeline(model: str = DEFAULT_MODEL, preset: str = "quick", store: str | Non
         if candidate is chosen[-1]:  # after every seed, so a long run shows its progress
             logger.info(stage_line("report", f"after seed {seed}"))
             written = report_task(store, key, preset, sets)
-    path = Workspace(store).completion(key, preset)
-    path.write_text(json.dumps({"complete": True, "model": model, "preset": preset, "store": store,
-                                "finished": datetime.now(timezone.utc).isoformat()}, indent=2) + "\n")
+    write_json(Workspace(store).completion(key, preset), {"complete": True, "model": model, "preset": preset,
+                                                          "store": store,
+                                                          "finished": datetime.now(timezone.utc).isoformat()})
     return {"model": model, "preset": preset, "store": store, "report": written["path"], "rows": written["rows"],
             "evaluated": evaluated}
 

@@ -12,8 +12,9 @@ store's name (`layerwave.zarr` → `layerwave.heads/`, `.reports/`, `.corpora/`,
     <name>.corpora/<model>-<source>/                         the target's own replies (`layerwave generate`)
     <name>.replay/<model>/<bench>.zarr                       its greedy replies to a benchmark (the study)
 
-Artefacts beside a store are local files; a store given as an fsspec URL (s3://…) holds the
-groups, and the folders beside it are refused in one line rather than written to a mangled path.
+Every location is a `UPath` (store/artefacts.py): for a store given as an fsspec URL
+(`s3://bucket/layerwave.zarr`) the folders beside it are prefixes in the same bucket
+(`s3://bucket/layerwave.heads/…`), so every worker of a deployment sees the same heads and reports.
 """
 
 from __future__ import annotations
@@ -22,6 +23,9 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from upath import UPath
+
+from store.artefacts import location
 from store.errors import LayerwaveError
 
 ACTIVATIONS, STATS, ANALYSIS, SELECTION = "activations", "stats", "analysis", "selection"
@@ -49,13 +53,9 @@ def layer_set(layers: list[int]) -> str:
     return "-".join(map(str, layers))
 
 
-def evaluation(head: Path, bench: str) -> Path:
+def evaluation(head, bench: str) -> UPath:
     """One benchmark's result beside a head (a jsonl:PATH bench becomes a safe file name)."""
-    return Path(head) / "evaluation" / f"{bench.replace('/', '_').replace(':', '_')}.json"
-
-
-def is_url(store: str) -> bool:
-    return "://" in str(store)
+    return location(head) / "evaluation" / f"{bench.replace('/', '_').replace(':', '_')}.json"
 
 
 @dataclass(frozen=True)
@@ -64,46 +64,46 @@ class Workspace:
 
     store: str
 
-    def beside(self, kind: str) -> Path:
-        if is_url(self.store):
-            raise LayerwaveError(f"store {self.store} is a URL: its {kind} cannot live beside it yet; use a local "
-                                 "--store for this stage (or pass --out where the command takes one)")
-        path = Path(self.store)
+    def beside(self, kind: str) -> UPath:
+        path = location(self.store)
+        if not path.name:
+            raise LayerwaveError(f"store {self.store} is a bucket's root, so nothing can sit beside it; give the "
+                                 "store a name inside it, e.g. s3://bucket/layerwave.zarr")
         return path.with_name(path.stem + f".{kind}")
 
-    def heads(self, model_key: str, preset: str) -> Path:
+    def heads(self, model_key: str, preset: str) -> UPath:
         return self.beside("heads") / model_key / preset
 
-    def head(self, model_key: str, preset: str, layers: list[int], seed: int) -> Path:
+    def head(self, model_key: str, preset: str, layers: list[int], seed: int) -> UPath:
         return self.heads(model_key, preset) / layer_set(layers) / f"seed-{seed}"
 
-    def screening_head(self, model_key: str, preset: str, layers: list[int], seed: int) -> Path:
+    def screening_head(self, model_key: str, preset: str, layers: list[int], seed: int) -> UPath:
         """Same set and seed as a final head, a shorter budget: kept apart."""
         return self.heads(model_key, preset) / "screen" / layer_set(layers) / f"seed-{seed}"
 
-    def single_head(self, model_key: str, layers: list[int]) -> Path:
+    def single_head(self, model_key: str, layers: list[int]) -> UPath:
         """Where `layerwave train` puts a head when no --out is given."""
         return self.beside("heads") / model_key / layer_set(layers)
 
-    def reports(self, model_key: str) -> Path:
+    def reports(self, model_key: str) -> UPath:
         return self.beside("reports") / model_key
 
-    def completion(self, model_key: str, preset: str) -> Path:
+    def completion(self, model_key: str, preset: str) -> UPath:
         return self.reports(model_key) / f"pipeline-{preset}.json"
 
-    def corpus(self, model_key: str, source: str) -> Path:
+    def corpus(self, model_key: str, source: str) -> UPath:
         """The target's own replies to `source` (its file stem for a jsonl:PATH)."""
         name = Path(source.split(":", 1)[-1]).stem if ":" in source else source
         return self.beside("corpora") / f"{model_key}-{re.sub(r'[^A-Za-z0-9._-]+', '-', name)}"
 
-    def replay(self, model_key: str) -> Path:
+    def replay(self, model_key: str) -> UPath:
         return self.beside("replay") / model_key
 
     def replay_store(self, model_key: str, bench: str) -> str:
         return str(self.replay(model_key) / f"{bench}.zarr")
 
-    def replay_corpus(self, model_key: str, bench: str) -> Path:
+    def replay_corpus(self, model_key: str, bench: str) -> UPath:
         return self.replay(model_key) / f"{bench}-replies"
 
-    def replay_prompts(self, model_key: str, bench: str) -> Path:
+    def replay_prompts(self, model_key: str, bench: str) -> UPath:
         return self.replay(model_key) / f"{bench}-prompts.jsonl"

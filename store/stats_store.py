@@ -13,6 +13,7 @@ from store import paths
 from store.access import open_existing
 from store.errors import LayerwaveError
 
+
 def create_stats_group(store: str, model_key: str, filter_key: str, n_layers: int, d: int) -> zarr.Group:
     """A fresh, empty statistics group (replacing any earlier one for this filter)."""
     root = zarr.open_group(store, mode="a", use_consolidated=False)

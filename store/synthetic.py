@@ -6,13 +6,12 @@ from __future__ import annotations
 from typing import Callable
 
 import numpy as np
+import torch
 
 from store import commit, paths, schema
 from store.access import consolidate, open_root
 from store.dtypes import encode
 from store.layout import Layout, create_template
-
-import torch
 
 
 def write_synthetic(store: str, model_key: str, *, n_layers: int, hidden_size: int, n_tokens: int,

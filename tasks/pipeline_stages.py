@@ -5,10 +5,9 @@ trained in, and whether a model's run is complete.
 
 from __future__ import annotations
 
-import json
-
 from store import paths
 from store.access import open_existing
+from store.artefacts import read_json
 from store.errors import LayerwaveError
 from store.paths import Workspace
 from tasks.data.corpus import load_corpus
@@ -68,4 +67,4 @@ def by_priority(candidates: list[dict]) -> list[dict]:
 
 def is_complete(store: str, model_key: str, preset: str) -> bool:
     path = Workspace(store).completion(model_key, preset)
-    return path.is_file() and json.loads(path.read_text()).get("complete") is True
+    return path.is_file() and read_json(path).get("complete") is True

@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 from dataclasses import asdict, is_dataclass
 from pathlib import Path
 
 import zarr
 
 from store.access import open_existing
+from store.artefacts import read_json, write_json
 
 
 def stage_key(*parts) -> str:
@@ -41,15 +41,12 @@ def mark_group_current(store: str, path: str, key: str) -> None:
 def current_record(path: Path, key: str) -> dict | None:
     """The JSON record at `path` when it was made from inputs with this key, else None."""
     try:
-        record = json.loads(path.read_text())
+        record = read_json(path)
     except (FileNotFoundError, json.JSONDecodeError):
         return None
     return record if record.get("stage_key") == key else None
 
 
 def write_record(path: Path, record: dict, key: str) -> None:
-    """Write the record with its key, atomically (a killed write leaves the old file or none)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    staging = path.with_suffix(".tmp")
-    staging.write_text(json.dumps({**record, "stage_key": key}, indent=2) + "\n")
-    os.replace(staging, path)
+    """Write the record with its key, whole or not at all (store/artefacts.py)."""
+    write_json(path, {**record, "stage_key": key})

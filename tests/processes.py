@@ -5,12 +5,19 @@ Shared by the kill, concurrency and filesystem-fault tests."""
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 import time
 
 import numpy as np
 import zarr
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
 
 
 def cli_argv(command: str, options: dict) -> list[str]:
@@ -21,9 +28,9 @@ def cli_argv(command: str, options: dict) -> list[str]:
     return argv
 
 
-def cli_env(prefect_api: str) -> dict:
-    """This test session's environment, pointed at the session's Prefect test server."""
-    return {**os.environ, "PREFECT_API_URL": prefect_api}
+def cli_env(prefect_api: str, extra: dict | None = None) -> dict:
+    """This test session's environment, pointed at the session's Prefect test server (plus `extra`)."""
+    return {**os.environ, "PREFECT_API_URL": prefect_api, **(extra or {})}
 
 
 def start(argv: list[str], prefect_api: str, **popen) -> subprocess.Popen:
@@ -33,9 +40,9 @@ def start(argv: list[str], prefect_api: str, **popen) -> subprocess.Popen:
     return subprocess.Popen(argv, env=cli_env(prefect_api), start_new_session=True, **popen)
 
 
-def run(argv: list[str], prefect_api: str, **popen) -> subprocess.CompletedProcess:
-    """Run the command to its end; stdout and stderr come back as text."""
-    return subprocess.run(argv, env=cli_env(prefect_api), capture_output=True, text=True, timeout=600, **popen)
+def run(argv: list[str], prefect_api: str, env: dict | None = None, **popen) -> subprocess.CompletedProcess:
+    """Run the command to its end (`env` adds variables); stdout and stderr come back as text."""
+    return subprocess.run(argv, env=cli_env(prefect_api, env), capture_output=True, text=True, timeout=600, **popen)
 
 
 def wait_until(condition, process: subprocess.Popen, timeout: float = 180) -> None:

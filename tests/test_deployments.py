@@ -5,7 +5,6 @@ turned into a pipeline run by the deployment trigger. Everything started is stop
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import time
 from pathlib import Path
@@ -14,15 +13,10 @@ import pytest
 import xarray as xr
 
 from tests.conftest import TINY, saved_checkpoint
+from tests.processes import free_port
 
 REPO = Path(__file__).resolve().parents[1]
 PIPELINE = "layerwave-pipeline/layerwave-pipeline"
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 @pytest.fixture(scope="module")

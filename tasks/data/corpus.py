@@ -11,6 +11,7 @@ import importlib.util
 import json
 from pathlib import Path
 
+from store.artefacts import location
 from store.errors import LayerwaveError
 from tasks.data.regen_corpus import read_generated
 
@@ -29,9 +30,9 @@ def load_corpus(spec: str) -> list[Conversation]:
     elif spec == "mt-bench":
         conversations = _mtbench()
     elif spec.startswith("jsonl:"):
-        conversations = _jsonl(Path(spec[6:]).expanduser())
+        conversations = _jsonl(location(spec[6:]).expanduser())
     elif spec.startswith("regen:"):
-        conversations = read_generated(Path(spec[6:]).expanduser())[0]
+        conversations = read_generated(location(spec[6:]).expanduser())[0]
     else:
         raise LayerwaveError(f"unknown corpus {spec!r}; use one of {CORPORA}")
     if not conversations:

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -29,6 +28,7 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 from transformers import StoppingCriteria, StoppingCriteriaList
 
+from store.artefacts import location, write_json, write_text
 from store.errors import LayerwaveError
 from tasks.data import load_model
 from tasks.data.corpus import Conversation, load_corpus
@@ -66,7 +66,7 @@ def check_request(request: GenerateRequest) -> None:
             raise LayerwaveError(f"--{name.replace('_', '-')} must be at least 1 (got {getattr(request, name)})")
     if request.temperature < 0:
         raise LayerwaveError(f"--temperature must be >= 0 (got {request.temperature}); 0 is greedy")
-    out = Path(request.out)
+    out = location(request.out)
     if out.exists() and not out.is_dir():
         raise LayerwaveError(f"--out {out} is a file; give a directory for the generated corpus")
     load_model.pick_device(request.device)
@@ -103,19 +103,18 @@ def source_hash(conversations: list[Conversation]) -> str:
 def prepare(request: GenerateRequest, provenance: dict, conversations: list[Conversation]) -> dict:
     """Write (or keep) the manifest of a generation from `conversations` (the source corpus);
     returns it. An `--overwrite` clears every old shard first."""
-    out = Path(request.out)
+    out = location(request.out)
     manifest = read_manifest(out)
     if manifest is not None and manifest.get("identity") == identity(request):
         return manifest if manifest["complete"] and manifest["tokens"] >= request.tokens else \
             {**manifest, "complete": False}  # a larger budget extends the corpus
-    out.mkdir(parents=True, exist_ok=True)
     for old in out.glob("shard-*.jsonl*"):
         old.unlink()
     manifest = {"format": FORMAT, "identity": identity(request), "model": provenance,
                 "source": {"spec": request.source, "conversations": len(conversations),
                            "sha256": source_hash(conversations)},
                 "complete": False}
-    _write_json(out / MANIFEST, manifest)
+    write_json(out / MANIFEST, manifest)
     return manifest
 
 
@@ -123,14 +122,8 @@ def finish(out: Path, manifest: dict, stats: list[dict]) -> dict:
     """Mark the corpus complete, with the totals of its shards' `stats`: the last write of a generation."""
     totals = {name: sum(shard[name] for shard in stats) for name in STAT_NAMES}
     manifest = {**manifest, **totals, "shards": len(stats), "complete": True}
-    _write_json(out / MANIFEST, manifest)
+    write_json(out / MANIFEST, manifest)
     return manifest
-
-
-def _write_json(path: Path, value: dict) -> None:
-    staging = path.with_name(path.name + ".tmp")
-    staging.write_text(json.dumps(value, indent=2) + "\n")
-    os.replace(staging, path)
 
 
 def reply_stats(rows: list[dict]) -> dict:
@@ -260,16 +253,8 @@ def _record_reply(tokenizer, state: dict, reply: list[int], eos: int, turn: int)
 
 
 def write_shard(out: Path, shard: int, rows: list[dict]) -> Path:
-    """Write the shard to a temporary name, flush, then rename: it exists only whole."""
-    path = shard_path(out, shard)
-    staging = path.with_name(path.name + ".tmp")
-    with open(staging, "w") as handle:
-        for row in rows:
-            handle.write(json.dumps(row, ensure_ascii=False) + "\n")
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(staging, path)
-    return path
+    """The shard exists only whole (store/artefacts.py), so a committed shard is one that exists."""
+    return write_text(shard_path(out, shard), "".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows))
 
 
 @task(name="generate-shard", cache_policy=NO_CACHE)
@@ -279,5 +264,5 @@ def generate_shard_task(request: GenerateRequest, shard: int, conversations: dic
     reply counts (the replies stay on disk)."""
     rows = generate_shard(load_model.load(request.model, request.device, "auto"), conversations, request, shard,
                           progress, beat)
-    write_shard(Path(request.out), shard, rows)
+    write_shard(location(request.out), shard, rows)
     return {"shard": shard, **reply_stats(rows)}

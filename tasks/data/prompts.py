@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
 
 from store import paths, schema
 from store.access import open_existing
+from store.artefacts import location
 from store.errors import LayerwaveError
 from tasks.data.corpus import load_corpus
 from tasks.data.regen_corpus import read_generated
@@ -42,7 +41,7 @@ def used_records(store: str | None, model_key: str) -> set[int]:
     spec = group.attrs.get("corpus", {}).get("spec", "")
     used = [int(i) for i in group["source_record"][:]]
     if spec.startswith("regen:"):  # a generated corpus: its conversations' own ShareGPT records
-        conversations_records, manifest = read_generated(Path(spec[6:]))[1:]
+        conversations_records, manifest = read_generated(location(spec[6:]))[1:]
         if manifest["source"]["spec"] != "sharegpt":
             return set()
         return {conversations_records[i] for i in used}

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from store.artefacts import location, read_json
 from store.errors import LayerwaveError
 
 FORMAT = "layerwave-regen/1"
@@ -31,7 +32,7 @@ def read_manifest(out: Path) -> dict | None:
     if not path.is_file():
         return None
     try:
-        return json.loads(path.read_text())
+        return read_json(path)
     except (json.JSONDecodeError, UnicodeDecodeError):
         raise LayerwaveError(f"{path} is not a layerwave generation manifest; remove it or use another --out") \
             from None
@@ -68,6 +69,6 @@ def generator_key(spec: str) -> str | None:
     """The model key that generated a regen: corpus (None for other corpora)."""
     if not spec.startswith("regen:"):
         return None
-    manifest = read_manifest(Path(spec[6:]).expanduser())
+    manifest = read_manifest(location(spec[6:]).expanduser())
     return manifest["model"]["key"] if manifest else None
 

@@ -10,9 +10,7 @@ too weak to pay for its rounds decodes with the target alone instead of slowing 
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
-
+from store.artefacts import location, read_json
 from store.errors import LayerwaveError
 from tasks.decode.round_profile import plain_step_seconds
 from tasks.decode.spec_decode import HeadDrafter, speculative_generate
@@ -23,10 +21,10 @@ CALIBRATION_ROUNDS = 12  # rounds timed per depth
 
 def recorded_acceptance(head_dir: str) -> list[float] | None:
     """Acceptance per draft position that training measured offline (training.json), if any."""
-    path = Path(head_dir) / "training.json"
+    path = location(head_dir) / "training.json"
     if not path.is_file():
         return None
-    tau_offline = (json.loads(path.read_text()).get("final") or {}).get("tau_offline") or {}
+    tau_offline = (read_json(path).get("final") or {}).get("tau_offline") or {}
     return tau_offline.get("per_position")
 
 

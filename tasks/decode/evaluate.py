@@ -5,13 +5,12 @@ checked, the benchmark's prompts chosen, and the side-by-side decoding task flow
 from __future__ import annotations
 
 import functools
-import json
-from pathlib import Path
 
 import torch
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
+from store.artefacts import location, read_json
 from store.errors import LayerwaveError
 from tasks.data import load_model
 from tasks.data.prompts import (checked_prompts, encode_prompts, first_turns, fitting_prompts, heldout_prompts,
@@ -32,11 +31,12 @@ def load_pair(model: str, head_dir: str, device: str = "auto"):
     """Target and head on `device` (the head in the precision it drafts in: `for_drafting`), refusing
     a head made for another model or for layers the model lacks. Loaded once per process: the
     request's check and the work share them (a head rewritten on disk is loaded afresh)."""
-    if not (Path(head_dir) / "config.json").is_file():
+    head = location(head_dir)
+    if not (head / "config.json").is_file():
         raise LayerwaveError(f"--head {head_dir} has no config.json; pass a directory written by `layerwave train`")
-    files = [Path(head_dir) / name for name in ("config.json", "model.safetensors")]
-    return _load_pair(model, str(Path(head_dir).resolve()), device,
-                      tuple((p.stat().st_mtime_ns, p.stat().st_size) if p.exists() else None for p in files))
+    files = [head / name for name in ("config.json", "model.safetensors")]
+    return _load_pair(model, str(head.resolve()), device,
+                      tuple((p.stat().st_mtime, p.stat().st_size) if p.exists() else None for p in files))
 
 
 @functools.lru_cache(maxsize=2)
@@ -46,7 +46,7 @@ def _load_pair(model: str, head_dir: str, device: str, _signature: tuple):
         raise LayerwaveError(f"head {head_dir} was trained on {trained_on}'s activations, not {key}'s; pass "
                              f"--model {trained_on} or a head trained for {key}")
     target = load_model.load(model, device, "auto")
-    head = load_exported(Path(head_dir), embeddings=target.model.get_input_embeddings().weight.detach().float())
+    head = load_exported(head_dir, embeddings=target.model.get_input_embeddings().weight.detach().float())
     c, t = head.config, target.model.config
     if (c.hidden_size, c.vocab_size) != (t.hidden_size, t.vocab_size):
         raise LayerwaveError(f"head {head_dir} was trained for a model of width {c.hidden_size} and vocabulary "
@@ -146,8 +146,8 @@ def evaluate_task(model: str, head_dir: str, bench: str, limit: int | None, max_
 
 def training_split(head_dir: str) -> tuple[int, float, str | None]:
     """(seed, held-out fraction, model key) the head was trained with, from its training.json."""
-    path = Path(head_dir) / "training.json"
+    path = location(head_dir) / "training.json"
     if not path.is_file():
         return TrainConfig.seed, TrainConfig.holdout, None  # a head from elsewhere: the training defaults
-    record = json.loads(path.read_text())
+    record = read_json(path)
     return record["config"]["seed"], record["config"]["holdout"], record.get("model")

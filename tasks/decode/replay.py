@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from store.artefacts import write_text
 from store.errors import LayerwaveError
 from store.paths import Workspace
 from tasks.data.prompts import first_turns, used_records
@@ -33,10 +34,8 @@ def write_prompts(store: str, model_key: str, bench: str, count: int) -> Path:
         raise LayerwaveError(f"cannot replay --bench {bench!r}; use one of {', '.join(BENCHES)}")
     exclude = used_records(store, model_key) if bench == "sharegpt" else frozenset()
     turns = first_turns(bench, count, exclude=exclude)
-    path = Workspace(store).replay_prompts(model_key, bench)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text("".join(json.dumps({"prompt": turn}) + "\n" for turn in turns))
-    return path
+    return write_text(Workspace(store).replay_prompts(model_key, bench),
+                      "".join(json.dumps({"prompt": turn}) + "\n" for turn in turns))
 
 
 def corpus_tokens(corpus: Path) -> int:

@@ -11,7 +11,6 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-
 CPU_BATCH_TOKENS = 2048
 
 

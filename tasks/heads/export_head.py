@@ -7,12 +7,11 @@ runs); SGLang/SpecForge ids name the decoder layer whose output is captured, i.e
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
-
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load as load_safetensors
+from safetensors.torch import save as save_safetensors
 
+from store.artefacts import location, read_json, write_bytes, write_json
 from store.errors import LayerwaveError
 from tasks.heads.draft_head import DraftConfig, DraftHead
 
@@ -64,12 +63,12 @@ def _layer_config(c: DraftConfig) -> dict:
             "tie_word_embeddings": False, "torch_dtype": "float32"}
 
 
-def export(head: DraftHead, out: Path, fmt: str, verifier: str, speculative_tokens: int = 3,
-           architectures: list[str] | None = None, num_layers: int | None = None) -> Path:
+def export(head: DraftHead, out, fmt: str, verifier: str, speculative_tokens: int = 3,
+           architectures: list[str] | None = None, num_layers: int | None = None):
     """Write `out/config.json` and `out/model.safetensors`; returns `out`. `verifier` is the
     target as the runtime loads it (a Hugging Face id or a local checkpoint path: vLLM serves it
     and speculators reads its config), `architectures` its config's (default: a Llama)."""
-    c = head.config
+    out, c = location(out), head.config
     ids = to_runtime_ids(c.layers, fmt, num_layers)
     state = {name: tensor.detach().contiguous() for name, tensor in head.state_dict().items()}
     if fmt == "vllm":
@@ -90,15 +89,15 @@ def export(head: DraftHead, out: Path, fmt: str, verifier: str, speculative_toke
                   "draft_vocab_size": c.draft_vocab_size,
                   "eagle_config": {"eagle_aux_hidden_state_layer_ids": ids, "use_aux_hidden_state": True}}
     config["layerwave"] = {"layers_hf_index": c.layers, "format": fmt, "draft_config": c.as_dict()}
-    out.mkdir(parents=True, exist_ok=True)
-    save_file(state, str(out / "model.safetensors"))
-    (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    write_bytes(out / "model.safetensors", save_safetensors(state))
+    write_json(out / "config.json", config)
     return out
 
 
-def load_exported(out: Path, embeddings: torch.Tensor | None = None) -> DraftHead:
+def load_exported(out, embeddings: torch.Tensor | None = None) -> DraftHead:
     """Rebuild a head from an export (SGLang exports need the target's embeddings passed in)."""
-    config = json.loads((out / "config.json").read_text())
+    out = location(out)
+    config = read_json(out / "config.json")
     fmt = config["layerwave"]["format"]
     c = DraftConfig(**config["layerwave"]["draft_config"])
     runtime_ids = (config["eagle_aux_hidden_state_layer_ids"] if fmt == "vllm"
@@ -106,7 +105,7 @@ def load_exported(out: Path, embeddings: torch.Tensor | None = None) -> DraftHea
     if from_runtime_ids(runtime_ids, fmt) != c.layers:
         raise LayerwaveError(f"{out}: aux layer ids {runtime_ids} do not translate back to {c.layers}")
     try:
-        weights = load_file(str(out / "model.safetensors"))
+        weights = load_safetensors((out / "model.safetensors").read_bytes())
     except Exception as err:  # safetensors raises its own error type for a truncated or foreign file
         raise LayerwaveError(f"{out / 'model.safetensors'} is unreadable ({err}); export the head again "
                              "(`layerwave train` re-exports a finished head)") from None

@@ -4,12 +4,11 @@ the task that trains, exports, records and tidies one head.
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from prefect import get_run_logger, task
 from prefect.artifacts import create_table_artifact
 from prefect.cache_policies import NO_CACHE
 
+from store.artefacts import location
 from store.errors import LayerwaveError
 from tasks.data import load_model
 from tasks.data.registry import check_group_model, store_key
@@ -47,18 +46,18 @@ def train_task(store: str, model_key: str, layers: list[int], out: str, preset_n
     logger = get_run_logger()
     config = preset(preset_name, seed=seed, ttt_steps=ttt_steps, epochs=epochs, **(recipe or {}))
     key = stage_key(plan_hash, layers, config, fmt, verifier)
-    finished = current_record(Path(out) / "training.json", key)
-    if finished and (Path(out) / "config.json").is_file():  # the record is written after the export
+    finished = current_record(location(out) / "training.json", key)
+    if finished and (location(out) / "config.json").is_file():  # the record is written after the export
         logger.info("head %s is already trained from these inputs", out)
         return {**finished, "reused": True}
-    head, record = train(store, model_key, layers, Path(out), config, log=logger.info,
+    head, record = train(store, model_key, layers, location(out), config, log=logger.info,
                          device=load_model.pick_device(device))
     logger.info("trainable parameters: %d", record["trainable_parameters"])
-    export(head, Path(out), fmt, verifier["name_or_path"], speculative_tokens=config.ttt_steps,
+    export(head, location(out), fmt, verifier["name_or_path"], speculative_tokens=config.ttt_steps,
            architectures=verifier["architectures"], num_layers=num_layers)
-    write_record(Path(out) / "training.json", record, key)
+    write_record(location(out) / "training.json", record, key)
     if not keep_checkpoint:
-        (Path(out) / "checkpoint.pt").unlink(missing_ok=True)  # only a finished head loses it: resume is kept
+        (location(out) / "checkpoint.pt").unlink(missing_ok=True)  # only a finished head loses it: resume is kept
     final = record["final"]
     create_table_artifact(
         key="draft-head-accuracy",

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+import io
 import math
-import os
 import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -13,6 +13,7 @@ import numpy as np
 import torch
 
 from store import schema
+from store.artefacts import write_bytes
 from store.errors import LayerwaveError
 from tasks.data import load_model
 from tasks.heads.draft_head import DraftConfig, DraftHead, draft_vocabulary, target_to_draft
@@ -21,7 +22,6 @@ from tasks.heads.train_data import StoreBatches
 from tasks.heads.ttt import unroll
 from tasks.heads.warm_start import warm_start
 from tasks.progress import rate_eta
-
 
 PROGRESS_SECONDS = 10.0  # a training run prints at least this often
 
@@ -143,7 +143,7 @@ def train(store: str, model_key: str, layers: list[int], out: Path, config: Trai
     optimizer = torch.optim.AdamW(parameter_groups(head, config), lr=config.lr, weight_decay=config.weight_decay)
     step, history, untrained = 0, [], None
     if checkpoint.exists():
-        state = torch.load(checkpoint, weights_only=False, map_location=device)
+        state = torch.load(io.BytesIO(checkpoint.read_bytes()), weights_only=False, map_location=device)
         if (state["layers"], state["config"], state["source"]) != (layers, asdict(config), source):
             raise LayerwaveError(f"{checkpoint} belongs to another run (layers, preset or data differ); "
                                  "use another --out or delete it")
@@ -204,12 +204,11 @@ def train(store: str, model_key: str, layers: list[int], out: Path, config: Trai
 
 
 def _save(path: Path, head, optimizer, step, history, untrained, layers, config, source) -> None:
-    """Write the checkpoint atomically: a kill mid-write leaves the previous one intact."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    staging = path.with_suffix(".tmp")
+    """Write the checkpoint whole or not at all: a kill mid-write leaves the previous one intact."""
+    buffer = io.BytesIO()
     torch.save({"head": head.state_dict(), "optimizer": optimizer.state_dict(), "step": step, "history": history,
-                "untrained": untrained, "layers": layers, "config": asdict(config), "source": source}, staging)
-    os.replace(staging, path)
+                "untrained": untrained, "layers": layers, "config": asdict(config), "source": source}, buffer)
+    write_bytes(path, buffer.getvalue())
 
 
 def preset(name: str, **overrides) -> TrainConfig:

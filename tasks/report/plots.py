@@ -1,4 +1,4 @@
-"""PNG plots of an analysis, written beside the store (never inside it)."""
+"""PNG plots of an analysis, written beside the store (never inside it), locally or in an object store."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import xarray as xr  # noqa: E402
 
+from store.artefacts import write_figure  # noqa: E402
 from tasks.report.report import is_default  # noqa: E402
 
 
@@ -60,8 +61,7 @@ def plot_tau_by_set(rows: list[dict], benches: list[str], path: Path, title: str
 
 
 def _save(figure, path: Path) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
     figure.tight_layout()
-    figure.savefig(path, dpi=110)
+    write_figure(figure, path)
     plt.close(figure)
     return path

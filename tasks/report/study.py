@@ -8,7 +8,6 @@ always holds the baseline to beat and a set chosen by chance.
 
 from __future__ import annotations
 
-
 import numpy as np
 
 from tasks.names import EAGLE3_DEFAULT, RANDOM_PREFIX

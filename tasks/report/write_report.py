@@ -4,17 +4,17 @@ results.json written (and published), and Prefect artifacts.
 
 from __future__ import annotations
 
-import json
-import shutil
 from pathlib import Path
 
 import xarray as xr
 from prefect import task
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from prefect.cache_policies import NO_CACHE
+from upath import UPath
 
 from store import paths
 from store.access import open_existing
+from store.artefacts import copy, read_json, write_json, write_text
 from store.errors import LayerwaveError
 from store.paths import Workspace
 from store.read import open_activations
@@ -57,10 +57,8 @@ def report_task(store: str, model_key: str, preset: str, sets: list[list[int]] |
     plots = report_plots(store, model_key, folder, rows, benches, f"{model_key} ({preset})")
     text = markdown(f"layerwave report: {model_key} ({preset})", facts, plots, candidates, rows, correlation, benches,
                     screening, replayed=p.replay)
-    folder.mkdir(parents=True, exist_ok=True)
-    (folder / "report.md").write_text(text)
-    (folder / "results.json").write_text(json.dumps({"rows": rows, "screening": screening,
-                                                     "rank_correlation": correlation}, indent=2) + "\n")
+    write_text(folder / "report.md", text)
+    write_json(folder / "results.json", {"rows": rows, "screening": screening, "rank_correlation": correlation})
     if p.publish:
         _publish(folder, [name for name, _ in plots], Path(p.publish) / model_key)
     create_markdown_artifact(key=f"report-{_artifact_key(model_key)}", markdown=text,
@@ -78,12 +76,11 @@ def load_screening(store: str, model_key: str, preset: str, candidates: list[dic
         for seed in seeds:
             record = Workspace(store).screening_head(model_key, preset, candidate["layers"], seed) / "training.json"
             if record.is_file():
-                scores.setdefault(tuple(candidate["layers"]), {})[seed] = screening_tau(
-                    json.loads(record.read_text())["final"])
+                scores.setdefault(tuple(candidate["layers"]), {})[seed] = screening_tau(read_json(record)["final"])
     return screening_rows(candidates, scores)
 
 
-def report_plots(store: str, model_key: str, folder: Path, rows: list[dict], benches: list[str],
+def report_plots(store: str, model_key: str, folder: UPath, rows: list[dict], benches: list[str],
                  title: str) -> list[tuple[str, str]]:
     """The report's own plots, in pipeline order, each drawn here from the store and the rows so
     that none shows other data (a manual `analyze` with another filter draws its own files):
@@ -104,11 +101,10 @@ def report_plots(store: str, model_key: str, folder: Path, rows: list[dict], ben
     return plots
 
 
-def _publish(folder: Path, plots: list[str], target: Path) -> None:
+def _publish(folder: UPath, plots: list[str], target: Path) -> None:
     """The small files of a report (Markdown, its plots, result rows), for committing beside the code."""
-    target.mkdir(parents=True, exist_ok=True)
     for name in ["report.md", "results.json", *plots]:
-        shutil.copy2(folder / name, target / name)
+        copy(folder / name, target / name)
 
 
 def _artifact_key(model_key: str) -> str:
