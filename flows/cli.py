@@ -11,6 +11,7 @@ import traceback
 
 from store.errors import LayerwaveError, is_user_error
 from tasks.names import DEFAULT_MODEL, DEFAULT_STORE
+from tasks.request import add_options, check_ahead, from_args, parameters
 
 
 def _extract_parser(sub) -> None:
@@ -70,7 +71,7 @@ def _analyze_parser(sub) -> None:
 def _run_analyze(args) -> dict:
     from store.access import check_schema
     from tasks.data.registry import store_key
-    from tasks.select.layer_ids import check_layers
+    from tasks.select.layer_ids import check_layers, parse_layers
     from tasks.stats.analyze import token_masks
     from tasks.stats.token_filter import filters_for
 
@@ -78,7 +79,7 @@ def _run_analyze(args) -> dict:
     check_schema(args.store)
     masks, source = token_masks(args.store, key, filters_for(args.entropy_threshold, args.entropy_quantile,
                                                               args.drop_first_token))
-    sets = [check_layers(_layer_list(text), source["n_layers"]) for text in args.set]
+    sets = [check_layers(parse_layers(text), source["n_layers"]) for text in args.set]
     _configure_logging()
     from flows.analyze import analyze
 
@@ -88,17 +89,6 @@ def _run_analyze(args) -> dict:
                      sketch_dim=args.sketch_dim, dask_address=args.dask_address)
     _print_analysis(result)
     return result
-
-
-def _layer_list(text: str) -> list[int]:
-    """"2,15,27" → [2, 15, 27]; an empty entry ("2,,5") is a typo, not a shorter set ("" is the
-    empty set, which the checks refuse as such)."""
-    if not text.strip():
-        return []
-    try:
-        return [int(part) for part in text.split(",")]
-    except ValueError:
-        raise LayerwaveError(f"{text!r} is not a comma-separated list of layer indices, e.g. 2,15,27") from None
 
 
 def _print_analysis(result: dict) -> None:
@@ -162,51 +152,21 @@ def _layer_range(text: str | None) -> tuple[int, int | None]:
 
 
 def _train_parser(sub) -> None:
+    from tasks.heads.train import TrainRequest
+
     p = sub.add_parser("train", help="train an EAGLE-3 draft head for one layer set from the store")
-    p.add_argument("--model", default=DEFAULT_MODEL)
-    p.add_argument("--store", default=DEFAULT_STORE)
-    p.add_argument("--layers", help="HF hidden_states indices, e.g. 2,15,27 (default: the EAGLE-3 default)")
-    p.add_argument("--preset", default="quick", help="smoke (tiny model, seconds), quick (CPU), full (GPU)")
-    p.add_argument("--ttt-steps", type=int, help="training-time-test unroll (default: the preset's)")
-    p.add_argument("--epochs", type=int, help="passes over the training documents (default: the preset's)")
-    p.add_argument("--device", default="auto", help="auto (CUDA when present), cpu or cuda")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--format", default="vllm", help="export format: vllm (speculators Eagle3) or sglang")
-    p.add_argument("--verifier", help="the target as vLLM/SGLang should load it, recorded in the export (default: "
-                                      "its Hugging Face id from the registry, else its local checkpoint path)")
-    p.add_argument("--out", help="output directory (default: <store>.heads/<model>/<layers>)")
-    p.add_argument("--warm-start", action=argparse.BooleanOptionalAction, default=None,
-                   help="start the lm_head (draft-vocabulary rows) and final norm from the target's "
-                        "(default: the preset's)")
-    p.add_argument("--freeze-lm-head", action=argparse.BooleanOptionalAction, default=None,
-                   help="keep the warm-started lm_head and final norm frozen (default: the preset's)")
-    p.add_argument("--lm-head-lr-scale", type=float, help="learning rate of the lm_head and final norm "
-                                                         "relative to the rest (default: the preset's)")
-    p.add_argument("--keep-checkpoint", action="store_true",
-                   help="keep checkpoint.pt (optimizer state) once the head is finished; an unfinished run "
-                        "always keeps it, so a killed run resumes")
+    add_options(p, TrainRequest)
     p.add_argument("--json", help="write the training summary to this file")
 
 
 def _run_train(args) -> dict:
-    from store.read import open_activations
-    from tasks.data.registry import store_key
-    from tasks.heads.train import check_request
-    from tasks.select.layer_ids import eagle3_default
-
-    ds = open_activations(args.store, store_key(args.model))
-    layers = _layer_list(args.layers) if args.layers is not None else eagle3_default(ds.sizes["layer"] - 1) or []
-    recipe = {"warm_start": args.warm_start, "freeze_lm_head": args.freeze_lm_head,
-              "lm_head_lr_scale": args.lm_head_lr_scale}  # None keeps the preset's (train_head.preset)
-    check_request(ds, args.store, args.model, layers, args.preset, args.format, args.ttt_steps, args.epochs,
-                  args.device, **recipe)
-    _configure_logging()
     from flows.train import train_head
+    from tasks.heads.train import TrainRequest
 
-    summary = train_head(model=args.model, store=args.store, layers=layers, out=args.out, preset_name=args.preset,
-                         seed=args.seed, ttt_steps=args.ttt_steps, fmt=args.format,
-                         epochs=args.epochs, device=args.device, verifier=args.verifier,
-                         keep_checkpoint=args.keep_checkpoint, **recipe)
+    request = from_args(TrainRequest, args)
+    check_ahead(request)  # bad input fails here, before Prefect starts
+    _configure_logging()
+    summary = train_head(**parameters(request))
     print(f"head for layers {summary['layers']} → {summary['out']}: held-out accuracy per TTT step "
           + " ".join(f"{a:.3f}" for a in summary["final"]["accuracy"])
           + " (untrained " + " ".join(f"{a:.3f}" for a in summary["untrained"]["accuracy"]) + "), "

@@ -1,8 +1,10 @@
-"""The training stage's work: the request checked against the activations the caller opened, and
+"""The training stage's request and work: `TrainRequest` checked once against the activations, and
 the task that trains, exports, records and tidies one head.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 from prefect import get_run_logger, task
 from prefect.artifacts import create_table_artifact
@@ -10,59 +12,106 @@ from prefect.cache_policies import NO_CACHE
 
 from store.artefacts import location
 from store.errors import LayerwaveError
+from store.paths import Workspace
+from store.read import open_activations
 from tasks.data import load_model
 from tasks.data.registry import check_group_model, store_key
 from tasks.heads.export_head import export, to_runtime_ids
-from tasks.heads.train_head import preset, train
-from tasks.select.layer_ids import check_layers
+from tasks.heads.train_head import TrainConfig, preset, train
+from tasks.names import DEFAULT_MODEL, DEFAULT_STORE
+from tasks.request import option
+from tasks.select.layer_ids import check_layers, eagle3_default, parse_layers
 from tasks.stage_key import current_record, stage_key, write_record
 
 
-def check_request(ds, store: str, model: str, layers: list[int], preset_name: str, fmt: str,
-                  ttt_steps: int | None = None, epochs: int | None = None, device: str = "auto",
-                  **recipe) -> None:
-    """Bad input fails here, before a flow or any training starts; `ds` is the model's activations
-    in `store`, opened once by the caller."""
-    model_key = store_key(model)
-    check_group_model(ds.attrs.get("model", {}), model, store)
-    for name in ("target_topk_ids", "target_topk_logprobs", "loss_mask"):
-        if name not in ds:
-            raise LayerwaveError(f"store {store} has no {name} for {model_key} (labels draft training needs); "
-                                 "re-extract with this layerwave")
-    check_layers(layers, ds.sizes["layer"])
-    preset(preset_name, ttt_steps=ttt_steps, epochs=epochs, **recipe)
-    load_model.pick_device(device)
-    to_runtime_ids(layers, fmt, ds.sizes["layer"] - 1)  # a format the runtime can capture these layers for
+@dataclass(frozen=True)
+class TrainRequest:
+    """One head for one layer set, trained from the store and exported (`layerwave train`)."""
+
+    model: str = option(DEFAULT_MODEL, "registry id (see `layerwave models`) or hf:PATH")
+    store: str = option(DEFAULT_STORE, "Zarr store (directory or fsspec URL)")
+    layers: list[int] | None = option(None, "HF hidden_states indices, e.g. 2,15,27 (default: the EAGLE-3 default)",
+                                      type=parse_layers)
+    out: str | None = option(None, "output directory (default: <store>.heads/<model>/<layers>)")
+    preset_name: str = option("quick", "smoke (tiny model, seconds), quick (CPU), full (GPU)", flag="--preset")
+    seed: int = option(0, "seed of the head's initialisation and data order")
+    ttt_steps: int | None = option(None, "training-time-test unroll (default: the preset's)")
+    fmt: str = option("vllm", "export format: vllm (speculators Eagle3) or sglang", flag="--format")
+    epochs: int | None = option(None, "passes over the training documents (default: the preset's)")
+    device: str = option("auto", "auto (CUDA when present), cpu or cuda")
+    warm_start: bool | None = option(None, "start the lm_head (draft-vocabulary rows) and final norm from the "
+                                           "target's (default: the preset's)")
+    freeze_lm_head: bool | None = option(None, "keep the warm-started lm_head and final norm frozen "
+                                               "(default: the preset's)")
+    lm_head_lr_scale: float | None = option(None, "learning rate of the lm_head and final norm relative to the "
+                                                  "rest (default: the preset's)")
+    verifier: str | None = option(None, "the target as vLLM/SGLang should load it, recorded in the export "
+                                        "(default: its Hugging Face id from the registry, else its local "
+                                        "checkpoint path)")
+    keep_checkpoint: bool = option(False, "keep checkpoint.pt (optimizer state) once the head is finished; an "
+                                          "unfinished run always keeps it, so a killed run resumes")
+
+    def check(self) -> Training:
+        """Every mistake, before any training starts; opens the activations once and resolves
+        the layer set, the output directory, the training recipe and the target for the export."""
+        model_key = store_key(self.model)
+        ds = open_activations(self.store, model_key)
+        check_group_model(ds.attrs.get("model", {}), self.model, self.store)
+        for name in ("target_topk_ids", "target_topk_logprobs", "loss_mask"):
+            if name not in ds:
+                raise LayerwaveError(f"store {self.store} has no {name} for {model_key} (labels draft training "
+                                     "needs); re-extract with this layerwave")
+        n = ds.sizes["layer"] - 1
+        layers = check_layers(self.layers if self.layers is not None else eagle3_default(n) or [], n + 1)
+        recipe = {"warm_start": self.warm_start, "freeze_lm_head": self.freeze_lm_head,
+                  "lm_head_lr_scale": self.lm_head_lr_scale}  # None keeps the preset's
+        config = preset(self.preset_name, seed=self.seed, ttt_steps=self.ttt_steps, epochs=self.epochs, **recipe)
+        load_model.pick_device(self.device)
+        to_runtime_ids(layers, self.fmt, n)  # a format the runtime can capture these layers for
+        target = load_model.verifier(ds.attrs["model"].get("argument", self.model))
+        return Training(self, model_key, layers, n, ds.attrs["plan_hash"], config,
+                        str(location(self.out) if self.out else Workspace(self.store).single_head(model_key, layers)),
+                        {**target, "name_or_path": self.verifier or target["name_or_path"]})
+
+
+@dataclass(frozen=True)
+class Training:
+    """A checked `TrainRequest`: what the training task runs."""
+
+    request: TrainRequest
+    model_key: str
+    layers: list[int]
+    num_layers: int  # N decoder layers
+    plan_hash: str  # of the activations the head learns from
+    config: TrainConfig
+    out: str
+    verifier: dict  # the target as the runtime loads it: name_or_path, architectures
 
 
 @task(name="train-draft-head", cache_policy=NO_CACHE)
-def train_task(store: str, model_key: str, layers: list[int], out: str, preset_name: str, seed: int,
-               ttt_steps: int | None, fmt: str, verifier: dict, plan_hash: str, num_layers: int,
-               epochs: int | None = None, device: str = "auto", recipe: dict | None = None,
-               keep_checkpoint: bool = False) -> dict:
+def train_task(training: Training) -> dict:
     """Train, export, then record; the resume checkpoint (optimizer state included, larger than the
-    export) is removed once the record is written, unless `keep_checkpoint`. `plan_hash` and
-    `num_layers` come from the activations the flow opened."""
+    export) is removed once the record is written, unless the request keeps it."""
     logger = get_run_logger()
-    config = preset(preset_name, seed=seed, ttt_steps=ttt_steps, epochs=epochs, **(recipe or {}))
-    key = stage_key(plan_hash, layers, config, fmt, verifier)
-    finished = current_record(location(out) / "training.json", key)
-    if finished and (location(out) / "config.json").is_file():  # the record is written after the export
-        logger.info("head %s is already trained from these inputs", out)
+    t, request, out = training, training.request, location(training.out)
+    key = stage_key(t.plan_hash, t.layers, t.config, request.fmt, t.verifier)
+    finished = current_record(out / "training.json", key)
+    if finished and (out / "config.json").is_file():  # the record is written after the export
+        logger.info("head %s is already trained from these inputs", t.out)
         return {**finished, "reused": True}
-    head, record = train(store, model_key, layers, location(out), config, log=logger.info,
-                         device=load_model.pick_device(device))
+    head, record = train(request.store, t.model_key, t.layers, out, t.config, log=logger.info,
+                         device=load_model.pick_device(request.device))
     logger.info("trainable parameters: %d", record["trainable_parameters"])
-    export(head, location(out), fmt, verifier["name_or_path"], speculative_tokens=config.ttt_steps,
-           architectures=verifier["architectures"], num_layers=num_layers)
-    write_record(location(out) / "training.json", record, key)
-    if not keep_checkpoint:
-        (location(out) / "checkpoint.pt").unlink(missing_ok=True)  # only a finished head loses it: resume is kept
+    export(head, out, request.fmt, t.verifier["name_or_path"], speculative_tokens=t.config.ttt_steps,
+           architectures=t.verifier["architectures"], num_layers=t.num_layers)
+    write_record(out / "training.json", record, key)
+    if not request.keep_checkpoint:
+        (out / "checkpoint.pt").unlink(missing_ok=True)  # only a finished head loses it: resume is kept
     final = record["final"]
     create_table_artifact(
         key="draft-head-accuracy",
         table=[{"ttt_step": i, "held_out_accuracy": round(a, 4), "held_out_loss": round(l, 4),
                 "untrained_accuracy": round(u, 4)}
                for i, (a, l, u) in enumerate(zip(final["accuracy"], final["loss"], record["untrained"]["accuracy"]))],
-        description=f"EAGLE-3 head for {model_key} layers {layers} (HF indices)")
+        description=f"EAGLE-3 head for {t.model_key} layers {t.layers} (HF indices)")
     return {**record, "reused": False}

@@ -23,3 +23,14 @@ def check_layers(layers, n_layers: int) -> list[int]:
     if len(set(layers)) != len(layers):
         raise LayerwaveError(f"layer set {layers} repeats a layer")
     return layers
+
+
+def parse_layers(text: str) -> list[int]:
+    """"2,15,27" → [2, 15, 27]; an empty entry ("2,,5") is a typo, not a shorter set ("" is the
+    empty set, which the checks refuse as such)."""
+    if not text.strip():
+        return []
+    try:
+        return [int(part) for part in text.split(",")]
+    except ValueError:
+        raise LayerwaveError(f"{text!r} is not a comma-separated list of layer indices, e.g. 2,15,27") from None
