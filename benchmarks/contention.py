@@ -28,7 +28,6 @@ os.environ.setdefault("DO_NOT_TRACK", "1")
 
 from flows.evaluate import evaluate  # noqa: E402
 
-
 GUARD_FIELDS = ("prompt", "tokens", "forwards", "seconds", "baseline_tokens", "baseline_seconds")
 
 

@@ -40,7 +40,7 @@ from tasks.data.registry import resolve  # noqa: E402
 from tasks.decode.decoders import PROMPT_LOOKUP_TOKENS  # noqa: E402
 from tasks.decode.evaluate import bench_prompts, load_pair  # noqa: E402
 from tasks.decode.round_profile import profile_rounds, profile_table  # noqa: E402
-from tasks.decode.tree_decode import TreeShape  # noqa: E402
+from tasks.decode.tree_shape import TreeShape  # noqa: E402
 
 PROFILED_PROMPTS = 5  # the round profile runs on the first bench's first prompts
 

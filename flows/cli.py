@@ -152,7 +152,7 @@ def _layer_range(text: str | None) -> tuple[int, int | None]:
 
 
 def _train_parser(sub) -> None:
-    from tasks.heads.train import TrainRequest
+    from tasks.heads.request import TrainRequest
 
     p = sub.add_parser("train", help="train an EAGLE-3 draft head for one layer set from the store")
     add_options(p, TrainRequest)
@@ -161,7 +161,7 @@ def _train_parser(sub) -> None:
 
 def _run_train(args) -> dict:
     from flows.train import train_head
-    from tasks.heads.train import TrainRequest
+    from tasks.heads.request import TrainRequest
 
     request = from_args(TrainRequest, args)
     check_ahead(request)  # bad input fails here, before Prefect starts
@@ -175,61 +175,31 @@ def _run_train(args) -> dict:
 
 
 def _evaluate_parser(sub) -> None:
+    from tasks.decode.request import EvaluateRequest, OfflineEvaluateRequest
+
     p = sub.add_parser("evaluate", help="speculative decoding with a trained head: τ, speed-up, lossless check")
-    p.add_argument("--model", default=DEFAULT_MODEL)
-    p.add_argument("--head", required=True, help="directory written by `layerwave train`")
-    p.add_argument("--bench", default="mt-bench", help="mt-bench (first turns), sharegpt (held out), heldout (the "
-                   "exact prompts of the head's held-out documents in --store) or jsonl:PATH")
-    p.add_argument("--limit", type=int, help="number of prompts (default 10); with --offline, held-out documents "
-                   "(default: all)")
-    p.add_argument("--max-new-tokens", type=int, help="tokens generated per prompt (default 128); with --offline, "
-                   "each reply is cut there (default: whole replies)")
-    p.add_argument("--depth", type=int, default=4, help="draft tokens per verification (chain), levels (tree)")
-    p.add_argument("--draft", default="chain", help="chain, tree (EAGLE-2 dynamic tree) or auto (the chain depth, "
-                   "or the target alone, with the most expected tokens/s from the head's acceptance per position "
-                   "and this device's measured round cost)")
-    p.add_argument("--compare", action="store_true", help="the target alone, Hugging Face prompt lookup, chain, "
-                   "tree and auto side by side on the same prompts")
-    p.add_argument("--tree-topk", type=int, help="tree: children expanded per node and per level (default: "
-                   "TreeShape's, tuned for CPU)")
-    p.add_argument("--tree-tokens", type=int, help="tree: draft tokens verified per round (default: TreeShape's)")
-    p.add_argument("--repeat", type=int, default=1, help="time every prompt N times (order alternating) and keep "
-                   "each side's median: a speed-up a busy moment cannot move")
-    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (checked lossless); > 0 samples")
-    p.add_argument("--seed", type=int, default=0, help="sampling seed")
-    p.add_argument("--device", default="auto", help="auto (CUDA when present), cpu or cuda")
-    p.add_argument("--store", help="store whose ShareGPT records are excluded from --bench sharegpt; with "
-                                   "--offline, the store whose held-out replies are simulated")
+    add_options(p, EvaluateRequest)
     p.add_argument("--offline", action="store_true",
                    help="τ_offline: simulate chain rounds along the store's held-out replies (the target's own, "
                         "from a regen: corpus) instead of decoding; needs --store")
-    p.add_argument("--first-turn-only", action="store_true", help="--offline: only each document's first reply")
+    add_options(p, OfflineEvaluateRequest)  # the options it does not share with decoding
     p.add_argument("--json", help="write tau, speedup, lossless, per_position, tokens_per_s, ... to this file")
 
 
 def _run_evaluate(args) -> dict:
     if args.offline:
         return _run_evaluate_offline(args)
-    from tasks.decode.evaluate import check_request
-
-    args.limit = 10 if args.limit is None else args.limit
-    args.max_new_tokens = 128 if args.max_new_tokens is None else args.max_new_tokens
-
-    tree = {name: value for name, value in (("tree_topk", args.tree_topk), ("tree_tokens", args.tree_tokens))
-            if value is not None}  # unset: the flow's defaults (TreeShape's), without importing torch here
-    check_request(args.model, args.head, args.bench, args.limit, args.max_new_tokens, args.depth, args.temperature,
-                  args.draft, device=args.device, store=args.store, compare=args.compare, repeat=args.repeat, **tree)
-    _configure_logging()
     from flows.evaluate import evaluate
+    from tasks.decode.request import EvaluateRequest
 
-    result = evaluate(model=args.model, head=args.head, bench=args.bench, limit=args.limit,
-                      max_new_tokens=args.max_new_tokens, depth=args.depth, store=args.store,
-                      temperature=args.temperature, seed=args.seed, draft=args.draft, device=args.device,
-                      compare=args.compare, repeat=args.repeat, **tree)
-    if args.compare:
+    request = from_args(EvaluateRequest, args)
+    check_ahead(request)  # bad input fails here, before Prefect starts
+    _configure_logging()
+    result = evaluate(**parameters(request))
+    if request.compare:
         print(comparison_table(result))
     else:
-        print(f"{args.bench} ({args.draft}): τ {result['tau']:.2f}, speed-up {_speedup(result)} "
+        print(f"{request.bench} ({request.draft}): τ {result['tau']:.2f}, speed-up {_speedup(result)} "
               f"({result['tokens_per_s']:.1f} vs {result['baseline_tokens_per_s']:.1f} tokens/s), "
               f"lossless {result['lossless']}, acceptance per position "
               + " ".join(f"{p:.2f}" for p in result["per_position"])
@@ -268,12 +238,13 @@ def comparison_table(result: dict) -> str:
 def _run_evaluate_offline(args) -> dict:
     if not args.store:
         raise LayerwaveError("--offline simulates decoding along a store's held-out replies; pass --store")
-    _configure_logging()
     from flows.evaluate import evaluate_offline
+    from tasks.decode.request import OfflineEvaluateRequest
 
-    result = evaluate_offline(model=args.model, head=args.head, store=args.store, depth=args.depth,
-                              max_new_tokens=args.max_new_tokens, first_turn_only=args.first_turn_only,
-                              limit=args.limit)
+    request = from_args(OfflineEvaluateRequest, args)
+    check_ahead(request)
+    _configure_logging()
+    result = evaluate_offline(**parameters(request))
     print(f"τ_offline {result['tau']:.3f} (95% CI {result['tau_ci95'][0]:.3f}–{result['tau_ci95'][1]:.3f}) over "
           f"{result['rounds']} rounds in {result['replies']} held-out replies, depth {result['depth']}; acceptance "
           "per position " + " ".join(f"{p:.2f}" for p in result["per_position"]))
@@ -409,7 +380,6 @@ def _run_sweep(args) -> dict:
 def _run_report(args) -> dict:
     _configure_logging()
     from flows.report import report
-
     from store.artefacts import location
 
     summary = report(model=args.model, preset=args.preset, store=args.store)

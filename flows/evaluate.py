@@ -6,12 +6,12 @@ from prefect import flow, get_run_logger
 from prefect.artifacts import create_table_artifact
 
 from store.errors import LayerwaveError
-from store.read import open_activations
-from tasks.data.registry import store_key
-from tasks.decode.evaluate import check_request, evaluate_task, heldout_data, load_pair
-from tasks.decode.tree_decode import TreeShape
+from tasks.decode.evaluate import evaluate_task, heldout_data
+from tasks.decode.request import EvaluateRequest, OfflineEvaluateRequest
+from tasks.decode.tree_shape import TreeShape
 from tasks.heads.offline_tau import offline_tau
 from tasks.names import DEFAULT_MODEL, DEFAULT_STORE
+from tasks.request import checked
 
 
 @flow(name="layerwave-evaluate")
@@ -27,10 +27,9 @@ def evaluate(model: str = DEFAULT_MODEL, head: str = "", bench: str = "mt-bench"
     the most expected tokens per second). `compare`: prompt lookup, chain, tree and auto side by
     side, each against the target alone on the same prompts. `repeat`: each prompt timed that many
     times, each side's median kept."""
-    check_request(model, head, bench, limit, max_new_tokens, depth, temperature, draft, tree_topk, tree_tokens,
-                  device, store, compare, repeat)
-    result = evaluate_task(model, head, bench, limit, max_new_tokens, depth, store, temperature, seed, draft,
-                           tree_topk, tree_tokens, device, compare, repeat)
+    evaluation = checked(EvaluateRequest(model, head, bench, limit, max_new_tokens, depth, store, temperature, seed,
+                                         draft, tree_topk, tree_tokens, device, compare, repeat))
+    result = evaluate_task(evaluation)
     results = result["compare"] if compare else {draft: result}
     create_table_artifact(key="speculative-decoding", table=[{"decoder": name, **{k: r[k] for k in (
         "tau", "speedup", "tokens_per_s", "baseline_tokens_per_s", "lossless", "prompts")}}
@@ -50,18 +49,10 @@ def evaluate_offline(model: str = DEFAULT_MODEL, head: str = "", store: str = DE
     `store` (the head's own held-out split, its first `limit` documents that have a reply),
     without running the target (tasks/heads/offline_tau.py)."""
     logger = get_run_logger()
-    if depth < 1:
-        raise LayerwaveError(f"--depth must be at least 1 (got {depth})")
-    if max_new_tokens is not None and max_new_tokens < 1:
-        raise LayerwaveError(f"--max-new-tokens must be at least 1 (got {max_new_tokens})")
-    if limit is not None and limit < 1:
-        raise LayerwaveError(f"--limit must be at least 1 (got {limit})")
-    key = store_key(model)
-    ds = open_activations(store, key)
-    target, drafter = load_pair(model, head, "cpu")
-    result = offline_tau(drafter, heldout_data(drafter, head, store, key), depth, target.tokenizer.eos_token_id,
+    e = checked(OfflineEvaluateRequest(model, head, store, depth, max_new_tokens, first_turn_only, limit))
+    result = offline_tau(e.head, heldout_data(e.head, head, store, e.model_key), depth, e.target.tokenizer.eos_token_id,
                          max_new_tokens, first_turn_only, limit)
-    corpus = ds.attrs.get("corpus", {}).get("spec", "")
+    corpus = e.corpus
     if not corpus.startswith("regen:"):
         logger.warning("store %s was extracted from %s, not from the target's own replies (regen:DIR): "
                        "τ_offline assumes the stored replies are what the target would generate", store, corpus)

@@ -5,7 +5,8 @@ from __future__ import annotations
 from prefect import flow, get_run_logger
 
 from tasks.heads.export_head import runtime_warning
-from tasks.heads.train import TrainRequest, train_task
+from tasks.heads.request import TrainRequest
+from tasks.heads.train import train_task
 from tasks.names import DEFAULT_MODEL, DEFAULT_STORE
 from tasks.request import checked
 

@@ -25,18 +25,20 @@ _TYPES = {"int": int, "float": float, "str": str}
 def option(default: Any = None, help: str = "", *, flag: str | None = None, cli: bool = True,
            **argparse_options) -> Any:
     """A request field and its command-line option: `--<field-name>` unless `flag` names it
-    otherwise; `cli=False` for a field the command line does not offer."""
+    otherwise; `cli=False` for a field the command line does not offer; `cli_default=None` for an
+    option whose default the command decides (left out, the field keeps its own)."""
     return dataclasses.field(default=default, metadata={"help": help, "flag": flag, "cli": cli, **argparse_options})
 
 
 def add_options(parser: argparse.ArgumentParser, request_type: type) -> None:
-    """`--name` options for every field of `request_type`, with its default, type and help."""
+    """`--name` options for every field of `request_type`, with its default, type and help (an option
+    the parser already has, from another request of the same command, is kept as it is)."""
     for spec in dataclasses.fields(request_type):
         meta = dict(spec.metadata)
         flag = meta.pop("flag") or "--" + spec.name.replace("_", "-")
-        if not meta.pop("cli", True):
+        if not meta.pop("cli", True) or flag in parser._option_string_actions:
             continue
-        meta.setdefault("default", spec.default)
+        meta["default"] = meta.pop("cli_default", spec.default)
         kind = str(spec.type).removesuffix(" | None")
         if kind == "bool":
             meta.setdefault("action", "store_true" if spec.default is False else argparse.BooleanOptionalAction)

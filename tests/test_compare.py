@@ -15,7 +15,7 @@ from tasks.decode.draft_auto import choose_depth, expected_tokens
 from tasks.decode.round_profile import OVERHEAD, profile_rounds
 from tasks.decode.side_by_side import Decoder, contention, median_ci95, side_by_side, summarize
 from tasks.decode.spec_decode import Generation, accept_greedy, accept_greedy_lazily, plain_generate
-from tasks.decode.tree_decode import TreeShape
+from tasks.decode.tree_shape import TreeShape
 from tasks.heads.export_head import load_exported
 from tests.conftest import TINY
 from tests.test_spec_decode import prompts

@@ -11,7 +11,8 @@ import torch
 
 from flows.cli import main
 from tasks.decode.spec_decode import HeadDrafter, aux_states, plain_generate, speculative_generate
-from tasks.decode.tree_decode import DraftTree, TreeShape, keep_positions, verify_tree, walk_sampled
+from tasks.decode.tree_decode import DraftTree, keep_positions, verify_tree, walk_sampled
+from tasks.decode.tree_shape import TreeShape
 from tasks.heads.export_head import export
 from tests.conftest import LAYERS, TINY
 from tests.test_spec_decode import prompts, untrained_like

@@ -12,9 +12,8 @@ import torch
 
 from tasks.decode.side_by_side import Decoder
 from tasks.decode.spec_decode import HeadDrafter, plain_generate, speculative_generate
-from tasks.decode.tree_decode import TreeShape
+from tasks.decode.tree_shape import TreeShape
 
-DRAFTS = ("chain", "tree", "auto")
 COMPARED = ("prompt-lookup", "chain", "tree", "auto")  # --compare: each beside the target alone
 PROMPT_LOOKUP_TOKENS = 10  # draft tokens per lookup (the value Hugging Face's documentation uses)
 

@@ -1,5 +1,6 @@
-"""The evaluation stage's work: the target and head loaded once per process, the request
-checked, the benchmark's prompts chosen, and the side-by-side decoding task flows/evaluate.py runs.
+"""The evaluation stage's work: the target and head loaded once per process, the benchmark's
+prompts chosen, and the side-by-side decoding task flows/evaluate.py runs on a checked request
+(tasks/decode/request.py).
 """
 
 from __future__ import annotations
@@ -15,12 +16,13 @@ from store.errors import LayerwaveError
 from tasks.data import load_model
 from tasks.data.prompts import (checked_prompts, encode_prompts, first_turns, fitting_prompts, heldout_prompts,
                                 used_records)
-from tasks.data.registry import resolve, store_key
-from tasks.decode.decoders import COMPARED, DRAFTS, baseline, decoder, depth_of
+from tasks.data.registry import store_key
+from tasks.decode.decoders import COMPARED, baseline, decoder, depth_of
 from tasks.decode.draft_auto import acceptance_profile, auto_plan
+from tasks.decode.request import Evaluation
 from tasks.decode.side_by_side import side_by_side, summarize
 from tasks.decode.spec_decode import for_drafting, plain_generate
-from tasks.decode.tree_decode import TreeShape
+from tasks.decode.tree_shape import TreeShape
 from tasks.heads.export_head import load_exported
 from tasks.heads.offline_tau import offline_tau
 from tasks.heads.train_data import StoreBatches
@@ -56,30 +58,6 @@ def _load_pair(model: str, head_dir: str, device: str, _signature: tuple):
     return target, for_drafting(head.to(target.device), target.device)
 
 
-def check_request(model: str, head_dir: str, bench: str, limit: int | None, max_new_tokens: int, depth: int,
-                  temperature: float = 0.0, draft: str = "chain", tree_topk: int = TreeShape.topk,
-                  tree_tokens: int = TreeShape.tokens, device: str = "auto", store: str | None = None,
-                  compare: bool = False, repeat: int = 1) -> None:
-    """Every mistake in an evaluation request, before generation starts."""
-    if depth < 1:
-        raise LayerwaveError(f"--depth must be at least 1 (got {depth})")
-    if repeat < 1:
-        raise LayerwaveError(f"--repeat must be at least 1 (got {repeat})")
-    if temperature < 0:
-        raise LayerwaveError(f"--temperature must be >= 0 (got {temperature}); 0 is greedy")
-    if draft not in DRAFTS:
-        raise LayerwaveError(f"unknown --draft {draft!r}; use {', '.join(DRAFTS[:-1])} or {DRAFTS[-1]}")
-    if tree_tokens < 1:
-        raise LayerwaveError(f"--tree-tokens must be at least 1 (got {tree_tokens})")
-    if (compare or draft == "auto") and store is None:
-        acceptance_profile(head_dir)  # one line when the head records none and no store can measure it
-    target, head = load_pair(model, head_dir, device)
-    if not 1 <= tree_topk <= head.config.draft_vocab_size:
-        raise LayerwaveError(f"--tree-topk must be between 1 and the head's draft vocabulary of "
-                             f"{head.config.draft_vocab_size} (got {tree_topk})")
-    bench_prompts(bench, target, limit, max_new_tokens, store, resolve(model).key, head_dir)
-
-
 def bench_prompts(bench: str, target, limit: int | None, max_new_tokens: int, store: str | None, model_key: str,
                   head_dir: str) -> list[list[int]]:
     """Prompt token ids of a benchmark: chat-templated first turns (ShareGPT ones not in `store`'s
@@ -109,39 +87,34 @@ def measured_acceptance(head, head_dir: str, store: str, model_key: str, eos: in
 
 
 @task(name="speculative-decoding", cache_policy=NO_CACHE)
-def evaluate_task(model: str, head_dir: str, bench: str, limit: int | None, max_new_tokens: int, depth: int,
-                  store: str | None, temperature: float = 0.0, seed: int = 0, draft: str = "chain",
-                  tree_topk: int = TreeShape.topk, tree_tokens: int = TreeShape.tokens,
-                  device: str = "auto", compare: bool = False, repeat: int = 1) -> dict:
+def evaluate_task(evaluation: Evaluation) -> dict:
     """Each decoder asked for beside the target alone on the same prompts (tasks/decode/side_by_side.py)."""
     logger = get_run_logger()
-    target, head = load_pair(model, head_dir, device)
-    key = resolve(model).key
-    prompts = bench_prompts(bench, target, limit, max_new_tokens, store, key, head_dir)
+    r, target, head, prompts = evaluation.request, evaluation.target, evaluation.head, evaluation.prompts
     eos = target.tokenizer.eos_token_id
     plain_generate(target.model, prompts[0], 2, eos)  # warm-up, untimed
-    names = list(COMPARED) if compare else [draft]
+    names = list(COMPARED) if r.compare else [r.draft]
     plan = None
     if "auto" in names:
-        per_position, source = acceptance_profile(
-            head_dir, measured_acceptance(head, head_dir, store, key, eos) if store else None)
-        plan = {**auto_plan(target.model, head, prompts[0], per_position, eos, max_new_tokens), "source": source}
+        measure = measured_acceptance(head, r.head, r.store, evaluation.model_key, eos) if r.store else None
+        per_position, source = acceptance_profile(r.head, measure)
+        plan = {**auto_plan(target.model, head, prompts[0], per_position, eos, r.max_new_tokens), "source": source}
         logger.info("auto: depth %d (0 = the target alone), expected %.2fx, from acceptance per position %s (%s)",
                     plan["depth"], plan["expected_speedup"], " ".join(f"{p:.2f}" for p in per_position), source)
-    options = {"max_new_tokens": max_new_tokens, "depth": depth, "eos": eos, "temperature": temperature,
-               "generator": torch.Generator().manual_seed(seed), "tree": TreeShape(tree_topk, tree_tokens),
+    options = {"max_new_tokens": r.max_new_tokens, "depth": r.depth, "eos": eos, "temperature": r.temperature,
+               "generator": torch.Generator().manual_seed(r.seed), "tree": TreeShape(r.tree_topk, r.tree_tokens),
                "auto_depth": plan and plan["depth"]}
-    rows = side_by_side(baseline(target.model, max_new_tokens, eos, temperature),
+    rows = side_by_side(baseline(target.model, r.max_new_tokens, eos, r.temperature),
                         [decoder(name, target.model, head, **options) for name in names], prompts, logger.info,
-                        repeat)
-    results = {name: summarize(rows[name], depth_of(name, depth, options["auto_depth"]), sampled=temperature > 0)
+                        r.repeat)
+    results = {name: summarize(rows[name], depth_of(name, r.depth, options["auto_depth"]), sampled=r.temperature > 0)
                for name in names}
-    settings = {"draft": draft, "tree_topk": tree_topk, "tree_tokens": tree_tokens, "device": str(target.device),
-                "auto": plan, "repeat": repeat}
-    if compare:
-        return {"compare": results, **settings, "prompts": len(prompts), "depth": depth,
-                "lossless": all(r["lossless"] is not False for r in results.values())}
-    return {**results[draft], **settings}
+    settings = {"draft": r.draft, "tree_topk": r.tree_topk, "tree_tokens": r.tree_tokens,
+                "device": str(target.device), "auto": plan, "repeat": r.repeat}
+    if r.compare:
+        return {"compare": results, **settings, "prompts": len(prompts), "depth": r.depth,
+                "lossless": all(row["lossless"] is not False for row in results.values())}
+    return {**results[r.draft], **settings}
 
 
 def training_split(head_dir: str) -> tuple[int, float, str | None]:

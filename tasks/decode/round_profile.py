@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from tasks.decode.spec_decode import HeadDrafter, plain_generate, speculative_generate
 from tasks.decode.stopwatch import Stopwatch
-from tasks.decode.tree_decode import TreeShape
+from tasks.decode.tree_shape import TreeShape
 
 OVERHEAD = "tensor and Python overhead"  # round time that no timed part accounts for
 

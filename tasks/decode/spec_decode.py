@@ -18,7 +18,8 @@ from dataclasses import dataclass, field
 import torch
 
 from tasks.decode.stopwatch import NO_STOPWATCH, Stopwatch
-from tasks.decode.tree_decode import DraftTree, TreeShape, draft_tree, tree_round
+from tasks.decode.tree_decode import DraftTree, draft_tree, tree_round
+from tasks.decode.tree_shape import TreeShape
 from tasks.heads.draft_head import DraftHead
 
 

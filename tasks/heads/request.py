@@ -1,0 +1,90 @@
+"""`layerwave train`'s request: its options, declared once, and the check that resolves them.
+
+Kept free of torch and Prefect at import, so building the command line stays fast; the check
+imports what it needs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from store.artefacts import location
+from store.errors import LayerwaveError
+from store.paths import Workspace
+from tasks.names import DEFAULT_MODEL, DEFAULT_STORE
+from tasks.request import option
+from tasks.select.layer_ids import check_layers, eagle3_default, parse_layers
+
+if TYPE_CHECKING:
+    from tasks.heads.train_head import TrainConfig
+
+
+@dataclass(frozen=True)
+class TrainRequest:
+    """One head for one layer set, trained from the store and exported (`layerwave train`)."""
+
+    model: str = option(DEFAULT_MODEL, "registry id (see `layerwave models`) or hf:PATH")
+    store: str = option(DEFAULT_STORE, "Zarr store (directory or fsspec URL)")
+    layers: list[int] | None = option(None, "HF hidden_states indices, e.g. 2,15,27 (default: the EAGLE-3 default)",
+                                      type=parse_layers)
+    out: str | None = option(None, "output directory (default: <store>.heads/<model>/<layers>)")
+    preset_name: str = option("quick", "smoke (tiny model, seconds), quick (CPU), full (GPU)", flag="--preset")
+    seed: int = option(0, "seed of the head's initialisation and data order")
+    ttt_steps: int | None = option(None, "training-time-test unroll (default: the preset's)")
+    fmt: str = option("vllm", "export format: vllm (speculators Eagle3) or sglang", flag="--format")
+    epochs: int | None = option(None, "passes over the training documents (default: the preset's)")
+    device: str = option("auto", "auto (CUDA when present), cpu or cuda")
+    warm_start: bool | None = option(None, "start the lm_head (draft-vocabulary rows) and final norm from the "
+                                           "target's (default: the preset's)")
+    freeze_lm_head: bool | None = option(None, "keep the warm-started lm_head and final norm frozen "
+                                               "(default: the preset's)")
+    lm_head_lr_scale: float | None = option(None, "learning rate of the lm_head and final norm relative to the "
+                                                  "rest (default: the preset's)")
+    verifier: str | None = option(None, "the target as vLLM/SGLang should load it, recorded in the export "
+                                        "(default: its Hugging Face id from the registry, else its local "
+                                        "checkpoint path)")
+    keep_checkpoint: bool = option(False, "keep checkpoint.pt (optimizer state) once the head is finished; an "
+                                          "unfinished run always keeps it, so a killed run resumes")
+
+    def check(self) -> Training:
+        """Every mistake, before any training starts; opens the activations once and resolves
+        the layer set, the output directory, the training recipe and the target for the export."""
+        from store.read import open_activations
+        from tasks.data import load_model
+        from tasks.data.registry import check_group_model, store_key
+        from tasks.heads.export_head import to_runtime_ids
+        from tasks.heads.train_head import preset
+
+        model_key = store_key(self.model)
+        ds = open_activations(self.store, model_key)
+        check_group_model(ds.attrs.get("model", {}), self.model, self.store)
+        for name in ("target_topk_ids", "target_topk_logprobs", "loss_mask"):
+            if name not in ds:
+                raise LayerwaveError(f"store {self.store} has no {name} for {model_key} (labels draft training "
+                                     "needs); re-extract with this layerwave")
+        n = ds.sizes["layer"] - 1
+        layers = check_layers(self.layers if self.layers is not None else eagle3_default(n) or [], n + 1)
+        recipe = {"warm_start": self.warm_start, "freeze_lm_head": self.freeze_lm_head,
+                  "lm_head_lr_scale": self.lm_head_lr_scale}  # None keeps the preset's
+        config = preset(self.preset_name, seed=self.seed, ttt_steps=self.ttt_steps, epochs=self.epochs, **recipe)
+        load_model.pick_device(self.device)
+        to_runtime_ids(layers, self.fmt, n)  # a format the runtime can capture these layers for
+        target = load_model.verifier(ds.attrs["model"].get("argument", self.model))
+        return Training(self, model_key, layers, n, ds.attrs["plan_hash"], config,
+                        str(location(self.out) if self.out else Workspace(self.store).single_head(model_key, layers)),
+                        {**target, "name_or_path": self.verifier or target["name_or_path"]})
+
+
+@dataclass(frozen=True)
+class Training:
+    """A checked `TrainRequest`: what the training task runs."""
+
+    request: TrainRequest
+    model_key: str
+    layers: list[int]
+    num_layers: int  # N decoder layers
+    plan_hash: str  # of the activations the head learns from
+    config: TrainConfig  # the preset with this request's overrides
+    out: str
+    verifier: dict  # the target as the runtime loads it: name_or_path, architectures
