@@ -8,11 +8,10 @@ from __future__ import annotations
 
 from prefect import flow
 
-from tasks.data.registry import store_key
 from tasks.names import DEFAULT_MODEL, DEFAULT_STORE
-from tasks.stats.analyze import accumulate_task, analysis_summary, measures_task, plots_task, token_masks
-from tasks.stats.stats_pass import PassConfig
-from tasks.stats.token_filter import filters_for
+from tasks.request import checked
+from tasks.stats.analyze import accumulate_task, analysis_summary, measures_task, plots_task
+from tasks.stats.request import AnalyzeRequest
 
 
 @flow(name="layerwave-analyze")
@@ -29,15 +28,15 @@ def analyze(
     sketch_dim: int | None = None,
     dask_address: str | None = None,
 ) -> dict:
-    """Entropy and CKA of every layer of `model`'s stored activations, for all and for filtered tokens."""
-    key = store_key(model)
-    filters = filters_for(entropy_threshold, entropy_quantile, drop_first_token)
-    token_masks(store, key, filters)  # bad input fails before any work
-    config = PassConfig(int(memory_gb * (1 << 30)), partitions, sketch_dim, dask_address)
-    stats = accumulate_task(store, key, filters, config)
-    filter_keys = [f.key for f in filters]
+    """Entropy and CKA of every layer of `model`'s stored activations, for all and for filtered tokens.
+    The parameters are `AnalyzeRequest`'s fields."""
+    analysis = checked(AnalyzeRequest(model, store, entropy_threshold, entropy_quantile, drop_first_token, alphas,
+                                      sets, memory_gb, partitions, sketch_dim, dask_address))
+    key = analysis.model_key
+    stats = accumulate_task(analysis)
+    filter_keys = [f.key for f in analysis.filters]
     asked = filter_keys[-1]
     computed = measures_task(store, key, filter_keys, alphas or [1.0, 2.0])
     plots = plots_task(store, key, filter_keys, asked, bool(computed))
-    return {**analysis_summary(store, key, asked, stats["tokens_kept"], sets, plots),
+    return {**analysis_summary(store, key, asked, stats["tokens_kept"], analysis.sets, plots),
             "computed": {"statistics": stats["computed"], "measures": computed}}

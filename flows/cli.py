@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import logging
 import os
@@ -15,78 +16,41 @@ from tasks.request import add_options, check_ahead, from_args, parameters
 
 
 def _extract_parser(sub) -> None:
+    from tasks.extract.request import ExtractRequest
+
     p = sub.add_parser("extract", help="write every layer's hidden states over a corpus into the Zarr store")
-    p.add_argument("--model", default=DEFAULT_MODEL, help="registry id (see `layerwave models`) or hf:PATH")
-    p.add_argument("--corpus", default="sharegpt", help="sharegpt, mt-bench, jsonl:PATH or regen:DIR (a corpus "
-                                                        "`layerwave generate` wrote)")
-    p.add_argument("--tokens", type=int, default=20000, help="token budget (documents are picked by --seed)")
-    p.add_argument("--store", default=DEFAULT_STORE, help="Zarr store directory (or fsspec URL)")
-    p.add_argument("--max-length", type=int, default=2048, help="truncate documents to this many tokens")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--device", default="auto", help="auto (CUDA when present), cpu or cuda[:N]")
-    p.add_argument("--dtype", default="auto", help="compute dtype: auto (the checkpoint's), float32, float16, bfloat16")
-    p.add_argument("--storage-dtype", default="auto",
-                   help="auto (lossless for 16-bit models, else float16 when in range), float16, bfloat16, float32")
-    p.add_argument("--topk", type=int, default=20, help="target top-k next-token labels kept per token")
-    p.add_argument("--tokens-per-chunk", type=int, help="default: ~1 MiB chunks")
-    p.add_argument("--chunks-per-shard", type=int, help="default: ~128 MiB shards")
-    p.add_argument("--batch-tokens", type=int, help="tokens per forward pass (default: adapts to the device)")
-    p.add_argument("--workers", type=int, default=1, help="shards extracted concurrently")
-    p.add_argument("--part", help="i/n: write only the i-th of n interleaved shard subsets, so n machines or "
-                                  "deployment runs fill one store together (the last part to finish finalizes)")
-    p.add_argument("--overwrite", action="store_true", help="replace this model's activations made with other settings")
+    add_options(p, ExtractRequest)
     p.add_argument("--json", help="also write the run summary to this JSON file")
 
 
 def _run_extract(args) -> dict:
-    from flows.extract import extract, parse_part
-    from tasks.extract.extract import ExtractRequest, check_request
+    from flows.extract import extract
+    from tasks.extract.request import ExtractRequest
 
-    options = {k: v for k, v in vars(args).items() if k not in ("command", "json", "workers", "part")}
-    check_request(ExtractRequest(**options), parse_part(args.part))  # bad input fails here, before Prefect starts
+    request = from_args(ExtractRequest, args)
+    check_ahead(request)  # bad input fails here, before Prefect starts
     _configure_logging()
-    summary = extract(**options, workers=args.workers, part=args.part)
+    summary = extract(**parameters(request))
     print(json.dumps(summary, indent=2))
     return summary
 
 
 def _analyze_parser(sub) -> None:
+    from tasks.stats.request import AnalyzeRequest
+
     p = sub.add_parser("analyze", help="entropy and CKA of every stored layer (one out-of-core Dask pass)")
-    p.add_argument("--model", default=DEFAULT_MODEL)
-    p.add_argument("--store", default=DEFAULT_STORE)
-    p.add_argument("--entropy-threshold", type=float, default=0.0,
-                   help="keep tokens whose predictive entropy is >= NATS (0 keeps all)")
-    p.add_argument("--entropy-quantile", type=float, help="keep tokens at or above this entropy quantile")
-    p.add_argument("--drop-first-token", action="store_true", help="drop each document's first token")
-    p.add_argument("--alpha", type=float, action="append", help="extra Rényi orders (1 and 2 always)")
-    p.add_argument("--set", action="append", default=[], help="layer set to score, e.g. 2,15,27 (repeatable)")
-    p.add_argument("--memory-gb", type=float, default=4.0, help="memory the statistics pass may use")
-    p.add_argument("--partitions", type=int, default=2, help="Dask tasks per layer tile (parallelism)")
-    p.add_argument("--sketch-dim", type=int, help="project each layer to this many features (default: exact "
-                   "unless the covariance blocks would exceed 4 GiB)")
-    p.add_argument("--dask-address", help="run on an existing Dask cluster, e.g. tcp://127.0.0.1:8786")
+    add_options(p, AnalyzeRequest)
     p.add_argument("--json", help="write layers, tokens_kept, entropy_h1/h2, cka, cka_debiased to this file")
 
 
 def _run_analyze(args) -> dict:
-    from store.access import check_schema
-    from tasks.data.registry import store_key
-    from tasks.select.layer_ids import check_layers, parse_layers
-    from tasks.stats.analyze import token_masks
-    from tasks.stats.token_filter import filters_for
-
-    key = store_key(args.model)
-    check_schema(args.store)
-    masks, source = token_masks(args.store, key, filters_for(args.entropy_threshold, args.entropy_quantile,
-                                                              args.drop_first_token))
-    sets = [check_layers(parse_layers(text), source["n_layers"]) for text in args.set]
-    _configure_logging()
     from flows.analyze import analyze
+    from tasks.stats.request import AnalyzeRequest
 
-    result = analyze(model=args.model, store=args.store, entropy_threshold=args.entropy_threshold,
-                     entropy_quantile=args.entropy_quantile, drop_first_token=args.drop_first_token,
-                     alphas=args.alpha, sets=sets, memory_gb=args.memory_gb, partitions=args.partitions,
-                     sketch_dim=args.sketch_dim, dask_address=args.dask_address)
+    request = from_args(AnalyzeRequest, args)
+    check_ahead(request)  # bad input fails here, before Prefect starts
+    _configure_logging()
+    result = analyze(**parameters(request))
     _print_analysis(result)
     return result
 
@@ -105,50 +69,32 @@ def _print_analysis(result: dict) -> None:
 
 
 def _select_parser(sub) -> None:
+    from tasks.select.request import SelectRequest, layer_range
+
     p = sub.add_parser("select", help="propose candidate layer sets (entropy/CKA methods and baselines)")
-    p.add_argument("--model", default=DEFAULT_MODEL)
-    p.add_argument("--store", default=DEFAULT_STORE)
-    p.add_argument("--k", type=int, default=3, help="layers per set")
-    p.add_argument("--methods", help="comma-separated subset of entropy-topk,aggregate-entropy,cka-mrmr,cka-logdet")
-    p.add_argument("--layers", default=None, help="allowed HF indices LOW:HIGH (default 1:N-1, no embedding, no last)")
-    p.add_argument("--min-gap", type=int, default=1)
-    p.add_argument("--filter", default="all", help="token filter whose analysis scores the sets (default all)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the random control sets")
-    p.add_argument("--random", type=int, default=3, help="number of random control sets")
+    add_options(p, SelectRequest)
+    p.add_argument("--layers", type=layer_range, help="allowed HF indices LOW:HIGH (default 1:N-1, no embedding, "
+                                                       "no last)")
     p.add_argument("--limit", type=int, help="print only the first n candidates")
     p.add_argument("--json", help="write {\"candidates\": [...]} to this file")
 
 
 def _run_select(args) -> dict:
-    from tasks.data.registry import store_key
-    from tasks.select.select import check_request
-    from tasks.select.selection import METHODS, Constraints
-
-    key = store_key(args.model)
-    methods = [m.strip() for m in args.methods.split(",")] if args.methods else list(METHODS)
-    low, high = _layer_range(args.layers)
-    check_request(args.store, key, args.filter, Constraints(args.k, low, high, args.min_gap), methods)
-    _configure_logging()
     from flows.selection import select
+    from tasks.select.request import SelectRequest
 
-    candidates = select(model=args.model, store=args.store, k=args.k, methods=methods, low=low, high=high,
-                        min_gap=args.min_gap, filter_key=args.filter, seed=args.seed, n_random=args.random)
+    request = from_args(SelectRequest, args)
+    if args.layers:
+        request = dataclasses.replace(request, low=args.layers[0], high=args.layers[1])
+    check_ahead(request)  # bad input fails here, before Prefect starts
+    _configure_logging()
+    candidates = select(**parameters(request))
     shown = candidates[: args.limit] if args.limit else candidates
     print(f"{'layers':<18} {'H1(set)':>8} {'H2(set)':>8} {'mean H1':>8} {'mean CKA':>8}  methods")
     for c in shown:
         print(f"{str(c['layers']):<18} {c['aggregate_h1']:8.3f} {c['aggregate_h2']:8.3f} {c['mean_entropy']:8.3f} "
               f"{c['mean_pairwise_cka']:8.3f}  {', '.join(c['methods'])}")
     return {"candidates": shown}
-
-
-def _layer_range(text: str | None) -> tuple[int, int | None]:
-    if text is None:
-        return 1, None
-    try:
-        low, high = (int(part) for part in text.split(":"))
-    except ValueError:
-        raise LayerwaveError(f"--layers {text!r} should be LOW:HIGH, e.g. 1:29") from None
-    return low, high
 
 
 def _train_parser(sub) -> None:
@@ -252,39 +198,22 @@ def _run_evaluate_offline(args) -> dict:
 
 
 def _generate_parser(sub) -> None:
+    from tasks.data.generate_request import GenerateRequest
+
     p = sub.add_parser("generate", help="the target writes its own replies to a corpus's prompts (a regen:DIR "
                                         "corpus for extract)")
-    p.add_argument("--model", default=DEFAULT_MODEL, help="registry id (see `layerwave models`) or hf:PATH")
-    p.add_argument("--source", default="sharegpt", help="corpus whose user turns are answered: sharegpt, mt-bench "
-                                                        "or jsonl:PATH")
-    p.add_argument("--out", help="output directory (default: <store>.corpora/<model>-<source>)")
-    p.add_argument("--store", default=DEFAULT_STORE, help="store the default --out sits beside")
-    p.add_argument("--tokens", type=int, default=20000, help="reply-token budget (generation stops past it)")
-    p.add_argument("--max-new-tokens", type=int, default=256, help="longest reply")
-    p.add_argument("--max-prompt-tokens", type=int, default=1024, help="skip longer prompts (conversation so far)")
-    p.add_argument("--turns", type=int, default=3, help="user turns answered per conversation (later ones see "
-                   "the earlier generated replies)")
-    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy; > 0 samples")
-    p.add_argument("--seed", type=int, default=0, help="order of the source conversations, and sampling")
-    p.add_argument("--batch-size", type=int, default=32, help="prompts generated together")
-    p.add_argument("--shard-size", type=int, default=64, help="conversations per committed shard")
-    p.add_argument("--device", default="auto", help="auto (CUDA when present), cpu or cuda[:N]")
-    p.add_argument("--overwrite", action="store_true", help="replace a corpus generated with other settings")
+    add_options(p, GenerateRequest)
     p.add_argument("--json", help="also write the run summary to this JSON file")
 
 
 def _run_generate(args) -> dict:
-    from store.paths import Workspace
-    from tasks.data.generate import GenerateRequest, check_request
-    from tasks.data.registry import resolve
-
-    out = args.out or str(Workspace(args.store).corpus(resolve(args.model).key, args.source))
-    options = {k: v for k, v in vars(args).items() if k not in ("command", "json", "store", "out")}
-    check_request(GenerateRequest(**options, out=out))  # bad input fails here, before Prefect starts
-    _configure_logging()
     from flows.generate import generate
+    from tasks.data.generate_request import GenerateRequest
 
-    summary = generate(**options, out=out)
+    request = from_args(GenerateRequest, args)
+    check_ahead(request)  # bad input fails here, before Prefect starts
+    _configure_logging()
+    summary = generate(**parameters(request))
     print(json.dumps(summary, indent=2))
     return summary
 
@@ -333,17 +262,11 @@ def _models_parser(sub) -> None:
 
 
 def _pipeline_parser(sub) -> None:
+    from tasks.pipeline_request import RunRequest
+
     p = sub.add_parser("run", help="the whole pipeline for one model: extract, analyze, select, train, evaluate, "
                                    "report (re-runs skip finished stages)")
-    p.add_argument("--model", default=DEFAULT_MODEL)
-    p.add_argument("--preset", default="quick", help="smoke (tiny model, minutes), quick (smollm2-135m on a CPU), "
-                                                     "study (the published comparison, hours), full (GPU)")
-    p.add_argument("--store", help="Zarr store (default: the preset's, e.g. layerwave.zarr for quick)")
-    p.add_argument("--limit", type=int, help="train and evaluate at most this many candidate sets")
-    p.add_argument("--corpus", help="extract this corpus instead of the target's own replies to ShareGPT prompts "
-                                    "(e.g. sharegpt, as the published SmolLM2 study did)")
-    p.add_argument("--warm-start", action=argparse.BooleanOptionalAction, default=None,
-                   help="heads start from the target's lm_head and final norm (default: the preset's, off)")
+    add_options(p, RunRequest)
     p.add_argument("--json", help="write the run summary to this file")
     s = sub.add_parser("sweep", help="run the pipeline for every registered model without a complete result")
     s.add_argument("--preset", default="quick")
@@ -358,12 +281,12 @@ def _pipeline_parser(sub) -> None:
 
 def _run_pipeline(args) -> dict:
     from flows.pipeline import pipeline
-    from tasks.pipeline_stages import check_request
+    from tasks.pipeline_request import RunRequest
 
-    check_request(args.model, args.preset, args.limit, args.corpus)
+    request = from_args(RunRequest, args)
+    check_ahead(request)  # bad input fails here, before Prefect starts
     _configure_logging()
-    summary = pipeline(model=args.model, preset=args.preset, store=args.store, limit=args.limit, corpus=args.corpus,
-                       warm_start=args.warm_start)
+    summary = pipeline(**parameters(request))
     print(f"report: {summary['report']}")
     return summary
 

@@ -14,11 +14,11 @@ import numpy as np
 from prefect import flow, get_run_logger
 from prefect.artifacts import create_progress_artifact, update_progress_artifact
 
-from store.errors import LayerwaveError
-from store.lock import WHOLE, setup_lock, writer_lock
-from tasks.extract.extract import (ExtractRequest, check_request, committed_shards, extract_shard, finalize_store,
-                                   prepare_store)
+from store.lock import setup_lock, writer_lock
+from tasks.extract.extract import committed_shards, extract_shard, finalize_store, prepare_store
+from tasks.extract.request import ExtractRequest
 from tasks.names import DEFAULT_MODEL, DEFAULT_STORE
+from tasks.request import checked
 
 
 @flow(name="layerwave-extract")
@@ -43,12 +43,12 @@ def extract(
     """Write the hidden states of every layer of `model` over `corpus` into `store` (or, with
     `part` "i/n", the i-th of n interleaved subsets of its shards)."""
     logger = get_run_logger()
-    request = ExtractRequest(model, corpus, tokens, store, max_length, seed, device, dtype, storage_dtype, topk,
-                             tokens_per_chunk, chunks_per_shard, batch_tokens, overwrite)
-    index, count = parse_part(part)
-    check_request(request, (index, count))
-    with writer_lock(store, request.model_key, (index, count)):
-        with setup_lock(store, request.model_key):
+    extraction = checked(ExtractRequest(model, corpus, tokens, store, max_length, seed, device, dtype, storage_dtype,
+                                        topk, tokens_per_chunk, chunks_per_shard, batch_tokens, overwrite, workers,
+                                        part))
+    request, (index, count) = extraction.request, extraction.part
+    with writer_lock(store, extraction.model_key, (index, count)):
+        with setup_lock(store, extraction.model_key):
             plan = prepare_store(request)
         key = plan["model_key"]
         pending = [shard for shard in plan["pending"] if shard % count == index]
@@ -83,19 +83,6 @@ def extract(
     else:
         logger.info("part %s of %s done; other parts still have shards to write", part, key)
     return summary
-
-
-def parse_part(part: str | None) -> tuple[int, int]:
-    """"i/n" (1-based, as users count) → (i − 1, n); None → the whole store."""
-    if part is None:
-        return WHOLE
-    try:
-        index, count = (int(x) for x in part.split("/"))
-    except ValueError:
-        raise LayerwaveError(f"--part {part!r} should be i/n, e.g. 1/2 for the first of two parts") from None
-    if not 1 <= index <= count:
-        raise LayerwaveError(f"--part {part}: i must be between 1 and n (got {index} of {count})")
-    return index - 1, count
 
 
 def _windowed(submit, items, width: int):

@@ -16,26 +16,27 @@ from store.artefacts import location
 from store.lock import WHOLE, writer_lock
 from tasks.data import load_model
 from tasks.data.corpus import load_corpus
-from tasks.data.generate import (GenerateRequest, check_chat_template, check_request, finish, generate_shard_task,
-                                 prepare, shard_records, shard_stats)
+from tasks.data.generate import check_chat_template, finish, generate_shard_task, prepare, shard_records, shard_stats
+from tasks.data.generate_request import GenerateRequest
 from tasks.data.regen_corpus import committed_shards
 from tasks.data.registry import resolve
-from tasks.names import DEFAULT_MODEL
+from tasks.names import DEFAULT_MODEL, DEFAULT_STORE
 from tasks.progress import duration
+from tasks.request import checked
 
 
 @flow(name="layerwave-generate")
-def generate(model: str = DEFAULT_MODEL, source: str = "sharegpt", out: str = "", tokens: int = 20000,
+def generate(model: str = DEFAULT_MODEL, source: str = "sharegpt", out: str | None = None, tokens: int = 20000,
              max_new_tokens: int = 256, max_prompt_tokens: int = 1024, turns: int = 3, temperature: float = 0.0,
              seed: int = 0, batch_size: int = 32, shard_size: int = 64, device: str = "auto",
-             overwrite: bool = False) -> dict:
-    """`model` writes its own replies to `source`'s user turns into `out` (a regen:DIR corpus),
-    until at least `tokens` reply tokens exist; greedy unless `temperature` > 0."""
+             overwrite: bool = False, store: str = DEFAULT_STORE) -> dict:
+    """`model` writes its own replies to `source`'s user turns into `out` (a regen:DIR corpus;
+    default: beside `store`), until at least `tokens` reply tokens exist; greedy unless
+    `temperature` > 0. The parameters are `GenerateRequest`'s fields."""
     logger = get_run_logger()
-    request = GenerateRequest(model, source, out, tokens, max_new_tokens, max_prompt_tokens, turns, temperature,
-                              seed, batch_size, shard_size, device, overwrite)
-    check_request(request)
-    key = resolve(model).key
+    request = checked(GenerateRequest(model, source, out, tokens, max_new_tokens, max_prompt_tokens, turns,
+                                      temperature, seed, batch_size, shard_size, device, overwrite, store))
+    out, key = request.out, resolve(model).key
     with writer_lock(out, key, WHOLE, activity="generation"):
         loaded = load_model.load(model, device, "auto")
         check_chat_template(loaded.tokenizer, model)

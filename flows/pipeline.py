@@ -33,11 +33,13 @@ from tasks.data.registry import registry, resolve
 from tasks.decode.evaluate import load_pair
 from tasks.decode.replay import corpus_tokens, replay_tau, write_prompts
 from tasks.names import DEFAULT_MODEL
-from tasks.pipeline_presets import REFERENCE_FILTER, PipelinePreset, pipeline_preset, preset_store
-from tasks.pipeline_stages import SOURCE, by_priority, check_request, corpus_for, extraction_current, is_complete
+from tasks.pipeline_presets import REFERENCE_FILTER, PipelinePreset, preset_store
+from tasks.pipeline_request import RunRequest
+from tasks.pipeline_stages import SOURCE, by_priority, extraction_current, is_complete
 from tasks.progress import Pace, stage_line
 from tasks.report.study import finalists, screening_rows, screening_tau
 from tasks.report.write_report import report_task
+from tasks.request import checked
 from tasks.stage_key import current_record, stage_key, write_record
 
 
@@ -106,13 +108,12 @@ def pipeline(model: str = DEFAULT_MODEL, preset: str = "quick", store: str | Non
              limit: int | None = None, corpus: str | None = None, warm_start: bool | None = None) -> dict:
     """Generate the target's own replies, extract, analyse, select, train and evaluate every
     candidate layer set of `model`, then report. `corpus` replaces the generated corpus (e.g.
-    "sharegpt" as is) and `warm_start` the preset's head initialisation."""
+    "sharegpt" as is) and `warm_start` the preset's head initialisation. The parameters are
+    `RunRequest`'s fields."""
     logger = get_run_logger()
-    key = check_request(model, preset, limit, corpus)
-    p, store = pipeline_preset(preset), preset_store(preset, store)
-    generated = corpus is None and p.generate_tokens  # the target's own replies, written by this pipeline
-    corpus = corpus_for(store, key, p, corpus)
-    warm_start = p.warm_start if warm_start is None else warm_start
+    run = checked(RunRequest(model, preset, store, limit, corpus, warm_start))
+    generated = corpus is None and run.preset.generate_tokens  # the target's own replies, written by this pipeline
+    key, p, store, corpus, warm_start = run.model_key, run.preset, run.store, run.corpus, run.warm_start
     if extraction_current(store, key, model, p, corpus):
         logger.info(stage_line("extract", f"{key} in {store} is complete"))
     else:

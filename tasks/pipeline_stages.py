@@ -1,6 +1,6 @@
-"""The pipeline's own decisions, apart from the flows it composes: whether a request is valid,
-which corpus a store is extracted from, whether extraction can be skipped, the order sets are
-trained in, and whether a model's run is complete.
+"""The pipeline's own decisions, apart from the flows it composes: which corpus a store is
+extracted from, whether extraction can be skipped, the order sets are trained in, and whether a
+model's run is complete (its request is checked in tasks/pipeline_request.py).
 """
 
 from __future__ import annotations
@@ -8,27 +8,13 @@ from __future__ import annotations
 from store import paths
 from store.access import open_existing
 from store.artefacts import read_json
-from store.errors import LayerwaveError
 from store.paths import Workspace
-from tasks.data.corpus import load_corpus
-from tasks.data.registry import resolve
 from tasks.names import EAGLE3_DEFAULT, FIXED_BASELINES, RANDOM_PREFIX
-from tasks.pipeline_presets import PipelinePreset, pipeline_preset
+from tasks.pipeline_presets import PipelinePreset
 
 SOURCE = "sharegpt"  # prompts the target answers (or, without generation, the corpus itself)
 
 
-
-
-def check_request(model: str, preset: str, limit: int | None, corpus: str | None = None) -> str:
-    """A pipeline request's mistakes, before any stage runs; returns the model's store group."""
-    pipeline_preset(preset)
-    if limit is not None and limit < 1:
-        raise LayerwaveError(f"--limit must be at least 1 (got {limit})")
-    key = resolve(model).key  # an unknown model fails here, with the list of known ones
-    if corpus is not None:
-        load_corpus(corpus)
-    return key
 
 
 def corpus_for(store: str, model_key: str, p: PipelinePreset, corpus: str | None) -> str:

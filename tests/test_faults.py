@@ -16,7 +16,8 @@ import torch
 from flows.extract import extract
 from store.lock import holder
 from store.verify import verify
-from tasks.extract.extract import ExtractRequest, extract_shard, prepare_store
+from tasks.extract.extract import extract_shard, prepare_store
+from tasks.extract.request import ExtractRequest
 from tests.conftest import LAYERS, TINY, extract_options
 from tests.processes import assert_identical_stores, cli_argv, committed, error_line, run, start, wait_until
 from tests.test_bad_input import snapshot

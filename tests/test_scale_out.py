@@ -6,9 +6,10 @@ from __future__ import annotations
 
 import pytest
 
-from flows.extract import extract, parse_part
+from flows.extract import extract
 from store.errors import LayerwaveError
 from store.lock import writer_lock
+from tasks.extract.request import parse_part
 from tests.conftest import TINY, extract_options
 from tests.processes import assert_identical_stores, cli_argv, error_line, run, start
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 import hashlib
 import json
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 from typing import Callable
 
@@ -31,51 +31,12 @@ from transformers import StoppingCriteria, StoppingCriteriaList
 from store.artefacts import location, write_json, write_text
 from store.errors import LayerwaveError
 from tasks.data import load_model
-from tasks.data.corpus import Conversation, load_corpus
+from tasks.data.corpus import Conversation
+from tasks.data.generate_request import GenerateRequest
 from tasks.data.regen_corpus import FORMAT, MANIFEST, read_manifest, shard_path
-from tasks.data.registry import resolve
 from tasks.data.render import render
-from tasks.names import DEFAULT_MODEL
 
 STAT_NAMES = ("tokens", "replies", "finished_replies", "roundtrip_exact")  # a shard's reply counts
-
-
-@dataclass(frozen=True)
-class GenerateRequest:
-    """Everything a user chooses about a generation (the flow's parameters)."""
-
-    model: str = DEFAULT_MODEL
-    source: str = "sharegpt"
-    out: str = ""
-    tokens: int = 20000  # reply-token budget
-    max_new_tokens: int = 256
-    max_prompt_tokens: int = 1024  # longer prompts (conversation so far included) are skipped
-    turns: int = 3  # user turns answered per conversation, budget permitting
-    temperature: float = 0.0
-    seed: int = 0
-    batch_size: int = 32
-    shard_size: int = 64  # conversations per shard
-    device: str = "auto"
-    overwrite: bool = False
-
-
-def check_request(request: GenerateRequest) -> None:
-    """Every mistake a generation request can hold, before any model runs or anything is written."""
-    for name in ("tokens", "max_new_tokens", "max_prompt_tokens", "turns", "batch_size", "shard_size"):
-        if getattr(request, name) < 1:
-            raise LayerwaveError(f"--{name.replace('_', '-')} must be at least 1 (got {getattr(request, name)})")
-    if request.temperature < 0:
-        raise LayerwaveError(f"--temperature must be >= 0 (got {request.temperature}); 0 is greedy")
-    out = location(request.out)
-    if out.exists() and not out.is_dir():
-        raise LayerwaveError(f"--out {out} is a file; give a directory for the generated corpus")
-    load_model.pick_device(request.device)
-    resolve(request.model)
-    load_corpus(request.source)
-    manifest = read_manifest(out)
-    if manifest is not None and not request.overwrite and manifest.get("identity") != identity(request):
-        raise LayerwaveError(f"{out} holds a corpus generated with other settings or by another model; pass "
-                             "--overwrite to replace it, or use another --out")
 
 
 def check_chat_template(tokenizer, model: str) -> None:
@@ -86,7 +47,7 @@ def check_chat_template(tokenizer, model: str) -> None:
 
 def identity(request: GenerateRequest) -> dict:
     """What fixes each shard's content (the budget only says how many shards there are)."""
-    return {k: v for k, v in asdict(request).items() if k not in ("out", "device", "overwrite", "tokens")}
+    return {k: v for k, v in asdict(request).items() if k not in ("out", "store", "device", "overwrite", "tokens")}
 
 
 def source_order(n: int, seed: int) -> np.ndarray:

@@ -6,7 +6,7 @@ Tasks pass only small metadata between them; the arrays go through the store.
 from __future__ import annotations
 
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 
 import numpy as np
 import zarr
@@ -14,65 +14,15 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from store import commit, paths, schema
-from store.access import check_schema, consolidate, open_root
+from store.access import consolidate, open_root
 from store.dtypes import choose_storage_dtype, encode
 from store.errors import LayerwaveError, store_writes
 from store.layout import Layout, auto_chunking, create_template
-from store.lock import WHOLE, refuse_if_busy
 from tasks.data import load_model
 from tasks.data.corpus import load_corpus
-from tasks.data.regen_corpus import generator_key
-from tasks.data.registry import resolve
 from tasks.extract.forward import auto_batch_tokens, forward_shard
 from tasks.extract.plan import TokenPlan, documents_in, plan_hash, plan_tokens
-from tasks.names import DEFAULT_MODEL, DEFAULT_STORE
-
-
-@dataclass(frozen=True)
-class ExtractRequest:
-    """Everything a user chooses about an extraction (the flow's parameters)."""
-
-    model: str = DEFAULT_MODEL
-    corpus: str = "sharegpt"
-    tokens: int = 20000
-    store: str = DEFAULT_STORE
-    max_length: int = 2048
-    seed: int = 0
-    device: str = "auto"
-    dtype: str = "auto"
-    storage_dtype: str = "auto"
-    topk: int = 20
-    tokens_per_chunk: int | None = None
-    chunks_per_shard: int | None = None
-    batch_tokens: int | None = None
-    overwrite: bool = False
-
-    @property
-    def model_key(self) -> str:
-        return resolve(self.model).key
-
-
-def check_request(request: ExtractRequest, part: tuple[int, int] = WHOLE) -> None:
-    """Every check that needs no model or forward pass, so bad input fails before any write."""
-    if request.tokens < 1:
-        raise LayerwaveError(f"--tokens must be at least 1 (got {request.tokens})")
-    if request.topk < 1:
-        raise LayerwaveError(f"--topk must be at least 1 (got {request.topk})")
-    for name in ("tokens_per_chunk", "chunks_per_shard", "batch_tokens"):
-        value = getattr(request, name)
-        if value is not None and value < 1:
-            raise LayerwaveError(f"--{name.replace('_', '-')} must be at least 1 (got {value})")
-    spec = resolve(request.model)
-    check_schema(request.store)
-    load_model.pick_device(request.device)
-    load_model.pick_dtype(request.dtype)
-    choose_storage_dtype(request.storage_dtype, load_model.DTYPES["float32"], 0.0)
-    refuse_if_busy(request.store, spec.key, part)
-    load_corpus(request.corpus)
-    generator = generator_key(request.corpus)
-    if generator is not None and generator != spec.key:
-        raise LayerwaveError(f"corpus {request.corpus} holds {generator}'s own replies and tokens; extract it "
-                             f"with --model {generator}, or generate one with --model {request.model}")
+from tasks.extract.request import ExtractRequest
 
 
 @task(name="prepare-store", cache_policy=NO_CACHE)
@@ -88,7 +38,8 @@ def prepare_store(request: ExtractRequest) -> dict:
                        shard_tokens=tokens_per_chunk * chunks_per_shard, seed=request.seed)
     # What fixes the stored values: the resolved chunking, not whether it was given or defaulted.
     identity = {k: v for k, v in asdict(request).items()
-                if k not in ("store", "device", "batch_tokens", "overwrite", "tokens_per_chunk", "chunks_per_shard")}
+                if k not in ("store", "device", "batch_tokens", "overwrite", "tokens_per_chunk", "chunks_per_shard",
+                             "workers", "part")}
     identity.update(provenance=loaded.provenance, tokens_per_chunk=tokens_per_chunk, chunks_per_shard=chunks_per_shard)
     wanted_hash = plan_hash(plan, identity)
 

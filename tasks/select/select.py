@@ -12,7 +12,8 @@ from prefect.cache_policies import NO_CACHE
 from store import paths
 from store.access import check_schema, consolidate, open_existing
 from store.errors import LayerwaveError
-from tasks.select.selection import Constraints, LayerScores, check_methods, propose
+from tasks.select.request import Selection
+from tasks.select.selection import Constraints, LayerScores, propose
 from tasks.stage_key import group_is_current, mark_group_current, stage_key
 from tasks.stats.analysis import set_entropy
 
@@ -33,19 +34,6 @@ def load_scores(store: str, model_key: str, keys: list[str]) -> dict[str, LayerS
                                                        consolidated=False)) for key in keys}
 
 
-def check_request(store: str, model_key: str, reference: str, constraints: Constraints,
-                  methods: list[str]) -> list[str]:
-    """Everything about a selection request that can be wrong, before any flow starts; returns the
-    filters with an analysis."""
-    keys = analysis_filters(store, model_key)
-    if reference not in keys:
-        raise LayerwaveError(f"no analysis with token filter {reference} for {model_key}; have {', '.join(keys)}")
-    check_methods(methods)
-    n_layers = xr.open_zarr(store, group=paths.analysis(model_key, reference), consolidated=False).sizes["layer"]
-    constraints.allowed(n_layers)
-    return keys
-
-
 def selection_key(store: str, model_key: str, filters: list[str], constraints: Constraints, methods: list[str],
                   seed: int, n_random: int) -> str:
     """The selection's inputs: every analysis it reads (by their own keys) and the request."""
@@ -54,10 +42,11 @@ def selection_key(store: str, model_key: str, filters: list[str], constraints: C
 
 
 @task(name="propose-layer-sets", cache_policy=NO_CACHE)
-def propose_task(store: str, model_key: str, reference: str, constraints: Constraints, methods: list[str],
-                 seed: int, n_random: int) -> str:
+def propose_task(selection: Selection) -> str:
     """Write `<model>/selection/<reference>` unless it is current; returns its group path."""
-    filters = check_request(store, model_key, reference, constraints, methods)
+    r = selection.request
+    store, model_key, reference, seed, n_random = r.store, selection.model_key, r.filter_key, r.seed, r.n_random
+    filters, constraints, methods = selection.filters, selection.constraints, selection.methods
     path = paths.selection(model_key, reference)
     key = selection_key(store, model_key, filters, constraints, methods, seed, n_random)
     if group_is_current(store, path, key):

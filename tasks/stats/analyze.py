@@ -21,7 +21,8 @@ from tasks.progress import rate_eta
 from tasks.report.plots import plot_cka, plot_entropy_vs_depth
 from tasks.select.layer_ids import eagle3_default
 from tasks.stats.analysis import measures_current, set_entropy, set_h2_closed_form, write_measures
-from tasks.stats.stats_pass import PassConfig, accumulate_statistics, is_current
+from tasks.stats.request import Analysis
+from tasks.stats.stats_pass import accumulate_statistics, is_current
 from tasks.stats.token_filter import TokenFilter, check_enough
 
 
@@ -36,9 +37,11 @@ def token_masks(store: str, model_key: str, filters: list[TokenFilter]) -> tuple
 
 
 @task(name="accumulate-statistics", cache_policy=NO_CACHE)
-def accumulate_task(store: str, model_key: str, filters: list[TokenFilter], config: PassConfig) -> dict:
+def accumulate_task(analysis: Analysis) -> dict:
+    """The statistics of every filter whose stored ones are missing or stale, in one pass."""
     logger = get_run_logger()
-    masks, source = token_masks(store, model_key, filters)
+    store, model_key, masks, source, config = (analysis.request.store, analysis.model_key, analysis.masks,
+                                               analysis.source, analysis.config)
     shape = (source["n_layers"], source["d"])
     stale = {key: mask for key, mask in masks.items()
              if not is_current(open_stats(store, model_key, key), {"plan_hash": source["plan_hash"]}, *shape, config)}

@@ -1,0 +1,57 @@
+"""`layerwave run`'s request: the whole pipeline for one model, its options declared once, and the
+check that resolves the preset, the store and the corpus before any stage runs.
+
+Kept free of torch and Prefect at import, so building the command line stays fast.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from store.errors import LayerwaveError
+from tasks.names import DEFAULT_MODEL
+from tasks.request import option
+
+
+@dataclass(frozen=True)
+class RunRequest:
+    """Extract, analyse, select, train, evaluate and report one model (re-runs skip finished stages)."""
+
+    model: str = option(DEFAULT_MODEL, "registry id (see `layerwave models`) or hf:PATH")
+    preset: str = option("quick", "smoke (tiny model, minutes), quick (smollm2-135m on a CPU), study (the "
+                         "published comparison, hours), full (GPU)")
+    store: str | None = option(None, "Zarr store (default: the preset's, e.g. layerwave.zarr for quick)")
+    limit: int | None = option(None, "train and evaluate at most this many candidate sets")
+    corpus: str | None = option(None, "extract this corpus instead of the target's own replies to ShareGPT "
+                                "prompts (e.g. sharegpt, as the published SmolLM2 study did)")
+    warm_start: bool | None = option(None, "heads start from the target's lm_head and final norm (default: the "
+                                     "preset's, off)")
+
+    def check(self) -> Run:
+        """A pipeline request's mistakes, before any stage runs; resolves the preset's defaults."""
+        from tasks.data.corpus import load_corpus
+        from tasks.data.registry import resolve
+        from tasks.pipeline_presets import pipeline_preset, preset_store
+        from tasks.pipeline_stages import corpus_for
+
+        p = pipeline_preset(self.preset)
+        if self.limit is not None and self.limit < 1:
+            raise LayerwaveError(f"--limit must be at least 1 (got {self.limit})")
+        key = resolve(self.model).key  # an unknown model fails here, with the list of known ones
+        if self.corpus is not None:
+            load_corpus(self.corpus)
+        store = preset_store(self.preset, self.store)
+        return Run(self, key, p, store, corpus_for(store, key, p, self.corpus),
+                   p.warm_start if self.warm_start is None else self.warm_start)
+
+
+@dataclass(frozen=True)
+class Run:
+    """A checked `RunRequest`."""
+
+    request: RunRequest
+    model_key: str
+    preset: object  # tasks.pipeline_presets.PipelinePreset
+    store: str
+    corpus: str  # what the store is extracted from (regen:DIR when the pipeline generates it)
+    warm_start: bool
