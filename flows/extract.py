@@ -8,14 +8,13 @@ shards s with s mod n = i − 1, whole shards only, and whichever part finishes 
 from __future__ import annotations
 
 import time
-from collections import deque
 
 import numpy as np
 from prefect import flow, get_run_logger
 from prefect.artifacts import create_progress_artifact, update_progress_artifact
 
 from store.lock import setup_lock, writer_lock
-from tasks.extract.extract import committed_shards, extract_shard, finalize_store, prepare_store
+from tasks.extract.extract import committed_shards, extract_shard, finalize_store, prepare_store, windowed
 from tasks.extract.request import ExtractRequest
 from tasks.names import DEFAULT_MODEL, DEFAULT_STORE
 from tasks.request import checked
@@ -61,7 +60,7 @@ def extract(
         artifact = create_progress_artifact(progress=100.0 * plan["committed"] / plan["n_shards"],
                                             description=f"layerwave extract {key} → {store}")
         started, written, done, wrote = time.perf_counter(), 0, plan["committed"], []
-        for result in _windowed(lambda shard: extract_shard.submit(store, key, shard, device), pending, workers):
+        for result in windowed(lambda shard: extract_shard.submit(store, key, shard, device), pending, workers):
             done, written = done + 1, written + result["tokens"]
             if not result["skipped"]:
                 wrote.append(result["shard"])
@@ -83,14 +82,3 @@ def extract(
     else:
         logger.info("part %s of %s done; other parts still have shards to write", part, key)
     return summary
-
-
-def _windowed(submit, items, width: int):
-    """Submit at most `width` tasks at a time; yield their results in order of submission."""
-    in_flight = deque()
-    for item in items:
-        in_flight.append(submit(item))
-        if len(in_flight) >= max(1, width):
-            yield in_flight.popleft().result()
-    while in_flight:
-        yield in_flight.popleft().result()

@@ -7,8 +7,6 @@ Re-running skips committed shards and regenerates the rest exactly (tasks/data/g
 
 from __future__ import annotations
 
-import time
-
 from prefect import flow, get_run_logger
 from prefect.artifacts import create_progress_artifact, update_progress_artifact
 
@@ -16,12 +14,13 @@ from store.artefacts import location
 from store.lock import WHOLE, writer_lock
 from tasks.data import load_model
 from tasks.data.corpus import load_corpus
-from tasks.data.generate import check_chat_template, finish, generate_shard_task, prepare, shard_records, shard_stats
+from tasks.data.generate import (check_chat_template, finish, generate_shard_task, generation_summary, prepare,
+                                 shard_records, shard_stats)
 from tasks.data.generate_request import GenerateRequest
 from tasks.data.regen_corpus import committed_shards
 from tasks.data.registry import resolve
 from tasks.names import DEFAULT_MODEL, DEFAULT_STORE
-from tasks.progress import duration
+from tasks.progress import GenerationMeter
 from tasks.request import checked
 
 
@@ -45,14 +44,14 @@ def generate(model: str = DEFAULT_MODEL, source: str = "sharegpt", out: str | No
         if manifest["complete"]:
             logger.info("corpus %s is complete: %d reply tokens in %d shards", out, manifest["tokens"],
                         manifest["shards"])
-            return _summary(out, manifest, 0, 0.0)
+            return generation_summary(out, manifest, 0, 0.0)
         stats = [shard_stats(path) for path in committed_shards(location(out))]
         spent, shard = sum(s["tokens"] for s in stats), len(stats)
         logger.info("%s answers %s into %s: %d of at least %d reply tokens already generated (%d shards)",
                     key, source, out, spent, tokens, shard)
         artifact = create_progress_artifact(progress=min(100.0, 100.0 * spent / tokens),
                                             description=f"layerwave generate {key} → {out}")
-        meter = _Meter(logger, spent, tokens)
+        meter = GenerationMeter(logger, spent, tokens)
         while spent < tokens and shard * shard_size < len(conversations):
             meter.shard = shard
             records = shard_records(len(conversations), request, shard)
@@ -65,38 +64,4 @@ def generate(model: str = DEFAULT_MODEL, source: str = "sharegpt", out: str | No
         manifest = finish(location(out), manifest, stats)
     logger.info("corpus %s complete: %d replies, %d reply tokens; use --corpus regen:%s", out, manifest["replies"],
                 spent, out)
-    return _summary(out, manifest, meter.generated, meter.elapsed())
-
-
-class _Meter:
-    """A text progress bar with tokens/s and the time left, one line per generated batch."""
-
-    def __init__(self, logger, spent: int, budget: int):
-        self.logger, self.spent, self.budget = logger, spent, budget
-        self.generated, self.started, self.shard = 0, time.perf_counter(), 0
-
-    def elapsed(self) -> float:
-        return time.perf_counter() - self.started
-
-    def add(self, tokens: int) -> None:
-        self.generated += tokens
-        rate = self.generated / max(self.elapsed(), 1e-9)
-        total = self.spent + self.generated
-        share = min(1.0, total / self.budget)
-        bar = "#" * round(20 * share) + "." * (20 - round(20 * share))
-        left = max(0, self.budget - total) / max(rate, 1e-9)
-        self.logger.info("generate [%s] %3.0f%% %d/%d reply tokens, shard %d, %.0f tokens/s, ~%.0f min left", bar,
-                         100 * share, total, self.budget, self.shard, rate, left / 60)
-
-
-    def beat(self, step: int) -> None:
-        """A line while a batch is still generating (its replies count once the batch ends)."""
-        self.logger.info("generate: shard %d, a batch at new token %d, %s elapsed", self.shard, step,
-                         duration(self.elapsed()))
-
-
-def _summary(out: str, manifest: dict, generated: int, seconds: float) -> dict:
-    return {"out": out, "corpus": f"regen:{out}", "shards": manifest["shards"], "tokens": manifest["tokens"],
-            "replies": manifest["replies"], "finished_replies": manifest["finished_replies"],
-            "roundtrip_exact": manifest["roundtrip_exact"], "generated_now": generated,
-            "tokens_per_s": generated / seconds if seconds > 0 else None}
+    return generation_summary(out, manifest, meter.generated, meter.elapsed())

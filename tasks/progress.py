@@ -56,3 +56,29 @@ def rate_eta(done: float, total: float, elapsed: float) -> str:
     if done <= 0 or done >= total:
         return ""
     return f", ETA {duration(elapsed / done * (total - done))}"
+
+
+class GenerationMeter:
+    """A text progress bar with tokens/s and the time left, one line per generated batch."""
+
+    def __init__(self, logger, spent: int, budget: int):
+        self.logger, self.spent, self.budget = logger, spent, budget
+        self.generated, self.started, self.shard = 0, time.perf_counter(), 0
+
+    def elapsed(self) -> float:
+        return time.perf_counter() - self.started
+
+    def add(self, tokens: int) -> None:
+        self.generated += tokens
+        rate = self.generated / max(self.elapsed(), 1e-9)
+        total = self.spent + self.generated
+        share = min(1.0, total / self.budget)
+        bar = "#" * round(20 * share) + "." * (20 - round(20 * share))
+        left = max(0, self.budget - total) / max(rate, 1e-9)
+        self.logger.info("generate [%s] %3.0f%% %d/%d reply tokens, shard %d, %.0f tokens/s, ~%.0f min left", bar,
+                         100 * share, total, self.budget, self.shard, rate, left / 60)
+
+    def beat(self, step: int) -> None:
+        """A line while a batch is still generating (its replies count once the batch ends)."""
+        self.logger.info("generate: shard %d, a batch at new token %d, %s elapsed", self.shard, step,
+                         duration(self.elapsed()))

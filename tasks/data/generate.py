@@ -227,3 +227,11 @@ def generate_shard_task(request: GenerateRequest, shard: int, conversations: dic
                           progress, beat)
     write_shard(location(request.out), shard, rows)
     return {"shard": shard, **reply_stats(rows)}
+
+
+def generation_summary(out: str, manifest: dict, generated: int, seconds: float) -> dict:
+    """What a generation run reports: the corpus's totals and what this run added."""
+    return {"out": out, "corpus": f"regen:{out}", "shards": manifest["shards"], "tokens": manifest["tokens"],
+            "replies": manifest["replies"], "finished_replies": manifest["finished_replies"],
+            "roundtrip_exact": manifest["roundtrip_exact"], "generated_now": generated,
+            "tokens_per_s": generated / seconds if seconds > 0 else None}

@@ -6,6 +6,7 @@ Tasks pass only small metadata between them; the arrays go through the store.
 from __future__ import annotations
 
 import time
+from collections import deque
 from dataclasses import asdict
 
 import numpy as np
@@ -168,3 +169,14 @@ def finalize_store(store: str, key: str) -> dict:
         commit.mark_complete(group)
         consolidate(store)
     return _summary(store, key, group)
+
+
+def windowed(submit, items, width: int):
+    """Submit at most `width` tasks at a time; yield their results in order of submission."""
+    in_flight = deque()
+    for item in items:
+        in_flight.append(submit(item))
+        if len(in_flight) >= max(1, width):
+            yield in_flight.popleft().result()
+    while in_flight:
+        yield in_flight.popleft().result()
