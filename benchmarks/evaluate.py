@@ -20,6 +20,7 @@ benchmarks/out/evaluate.json.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import tempfile
@@ -88,7 +89,8 @@ def main() -> None:
     else:
         head = str(workdir / "head")
         extract(model=args.model, corpus="sharegpt", tokens=args.tokens, store=store, device=args.device)
-        trained = train_head(model=args.model, store=store, out=head, preset_name="quick", device=args.device)
+        trained = dataclasses.asdict(train_head(model=args.model, store=store, out=head, preset_name="quick",
+                                                device=args.device))
     topk, tokens = (int(n) for n in args.tree.split("x"))
     results = {"model": args.model, "tokens_in_store": None if args.head else args.tokens, "head": trained,
                "benches": {}}

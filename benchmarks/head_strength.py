@@ -81,8 +81,8 @@ def trained(work: Path, store: str, name: str, recipe: dict, epochs: int) -> tup
     head = str(work / "heads" / f"{Path(store).stem}-{name.replace('/', '-')}-e{epochs}")
     summary = train_head(model=MODEL, store=store, layers=LAYERS, out=head, preset_name=PRESET, epochs=epochs,
                          **recipe)
-    return head, {"accuracy": summary["final"]["accuracy"], "training_tau_offline": summary["final"]["tau_offline"],
-                  "tokens_per_s": summary["tokens_per_s"], "steps": summary["steps"]}
+    return head, {"accuracy": summary.final["accuracy"], "training_tau_offline": summary.final["tau_offline"],
+                  "tokens_per_s": summary.tokens_per_s, "steps": summary.steps}
 
 
 def main() -> None:

@@ -92,9 +92,10 @@ def _run_select(args) -> dict:
     shown = candidates[: args.limit] if args.limit else candidates
     print(f"{'layers':<18} {'H1(set)':>8} {'H2(set)':>8} {'mean H1':>8} {'mean CKA':>8}  methods")
     for c in shown:
-        print(f"{str(c['layers']):<18} {c['aggregate_h1']:8.3f} {c['aggregate_h2']:8.3f} {c['mean_entropy']:8.3f} "
-              f"{c['mean_pairwise_cka']:8.3f}  {', '.join(c['methods'])}")
-    return {"candidates": shown}
+        s = c.scores
+        print(f"{str(c.layers):<18} {s['aggregate_h1']:8.3f} {s['aggregate_h2']:8.3f} {s['mean_entropy']:8.3f} "
+              f"{s['mean_pairwise_cka']:8.3f}  {', '.join(c.methods)}")
+    return {"candidates": [{"methods": c.methods, "layers": c.layers, **c.scores} for c in shown]}
 
 
 def _train_parser(sub) -> None:
@@ -113,10 +114,10 @@ def _run_train(args) -> dict:
     check_ahead(request)  # bad input fails here, before Prefect starts
     _configure_logging()
     summary = train_head(**parameters(request))
-    print(f"head for layers {summary['layers']} → {summary['out']}: held-out accuracy per TTT step "
-          + " ".join(f"{a:.3f}" for a in summary["final"]["accuracy"])
-          + " (untrained " + " ".join(f"{a:.3f}" for a in summary["untrained"]["accuracy"]) + "), "
-          + f"τ_offline {summary['final']['tau_offline']['tau']:.3f}")
+    print(f"head for layers {summary.layers} → {summary.out}: held-out accuracy per TTT step "
+          + " ".join(f"{a:.3f}" for a in summary.final["accuracy"])
+          + " (untrained " + " ".join(f"{a:.3f}" for a in summary.untrained["accuracy"]) + "), "
+          + f"τ_offline {summary.final['tau_offline']['tau']:.3f}")
     return summary
 
 
@@ -287,13 +288,13 @@ def _run_pipeline(args) -> dict:
     check_ahead(request)  # bad input fails here, before Prefect starts
     _configure_logging()
     summary = pipeline(**parameters(request))
-    print(f"report: {summary['report']}")
+    print(f"report: {summary.report}")
     return summary
 
 
 def _run_sweep(args) -> dict:
     _configure_logging()
-    from flows.pipeline import sweep
+    from flows.sweep import sweep
 
     summary = sweep(preset=args.preset, store=args.store, models=args.model)
     print(f"ran: {', '.join(summary['ran']) or 'nothing (every model is complete)'}")
@@ -411,7 +412,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _json_safe(value):
-    """NaN (e.g. an undefined debiased CKA) becomes null, so the file is strict JSON."""
+    """NaN (e.g. an undefined debiased CKA) becomes null, so the file is strict JSON; records become objects."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return _json_safe(dataclasses.asdict(value))
     if isinstance(value, float) and value != value:
         return None
     if isinstance(value, dict):

@@ -16,41 +16,59 @@ from store import paths
 from store.access import open_existing
 from store.paths import Workspace
 from tasks.decode.replay import corpus_tokens, write_prompts
-from tasks.pipeline_presets import PipelinePreset
+from tasks.heads.train import training_key
+from tasks.pipeline_request import Run
+from tasks.pipeline_stages import head_request
 from tasks.progress import Pace, stage_line
-from tasks.report.study import screening_rows, screening_tau
+from tasks.report.ledger import Ledger
+from tasks.report.study import finalists, screening_rows, screening_tau
+from tasks.request import check_ahead, parameters
+from tasks.select.selection import Candidate
 
 
-def prepare_replay(model: str, store: str, model_key: str, bench: str, p: PipelinePreset) -> None:
-    """The target's greedy replies to at least `p.prompts` of `bench`'s prompts, extracted into
-    their own store once per model (tasks/decode/replay.py)."""
-    target = Workspace(store).replay_store(model_key, bench)
-    done = open_existing(target, paths.activations(model_key))
+def prepare_replay(run: Run, bench: str) -> None:
+    """The target's greedy replies to at least `prompts` of `bench`'s prompts, extracted into their
+    own store once per model (tasks/decode/replay.py)."""
+    p, key, workspace = run.preset, run.model_key, Workspace(run.store)
+    target = workspace.replay_store(key, bench)
+    done = open_existing(target, paths.activations(key))
     if done is not None and done.attrs.get("complete"):
         return
-    prompts = write_prompts(store, model_key, bench, 2 * p.prompts)  # replies ending early leave room for more
-    corpus = Workspace(store).replay_corpus(model_key, bench)
-    generate(model=model, source=f"jsonl:{prompts}", out=str(corpus), tokens=p.prompts * p.max_new_tokens,
+    get_run_logger().info(stage_line("evaluate", f"the target's own greedy replies to {bench} (once per model)"))
+    prompts = write_prompts(run.store, key, bench, 2 * p.prompts)  # replies ending early leave room for more
+    corpus = workspace.replay_corpus(key, bench)
+    generate(model=run.request.model, source=f"jsonl:{prompts}", out=str(corpus), tokens=p.prompts * p.max_new_tokens,
              max_new_tokens=p.max_new_tokens, turns=1, batch_size=1, shard_size=8,
              max_prompt_tokens=p.generate_max_prompt_tokens)
-    extract(model=model, corpus=f"regen:{corpus}", tokens=corpus_tokens(corpus), max_length=p.max_length,
+    extract(model=run.request.model, corpus=f"regen:{corpus}", tokens=corpus_tokens(corpus), max_length=p.max_length,
             store=target)
 
 
-def screen(model: str, store: str, model_key: str, preset: str, p: PipelinePreset, candidates: list[dict],
-           warm_start: bool) -> list[dict]:
-    """Train every candidate × seed at the screening budget; their rows, best τ_offline first."""
-    logger = get_run_logger()
+def screen(run: Run, candidates: list[Candidate]) -> list[Candidate]:
+    """Train every candidate × seed at the screening budget (or take its τ_offline from the
+    published ledger); the finalists by mean τ_offline."""
+    logger, p = get_run_logger(), run.preset
+    ledger = Ledger.published(p.publish, run.model_key)
     scores: dict[tuple, dict[int, dict]] = {}
-    runs = [(seed, candidate) for seed in p.seeds for candidate in candidates]
-    pace = Pace(len(runs))
-    for number, (seed, candidate) in enumerate(runs):
-        head = Workspace(store).screening_head(model_key, preset, candidate["layers"], seed)
-        logger.info(stage_line("train", f"screening head {number + 1}/{len(runs)} {candidate['layers']} seed {seed}"
-                                        f"{pace.eta(number)}"))
+    heads = [(seed, candidate) for seed in p.seeds for candidate in candidates]
+    pace = Pace(len(heads))
+    for number, (seed, candidate) in enumerate(heads):
+        head = Workspace(run.store).screening_head(run.model_key, run.request.preset, candidate.layers, seed)
+        which = f"screening head {number + 1}/{len(heads)} {candidate.layers} seed {seed}"
+        request = head_request(run, candidate.layers, seed, str(head), p.screen_epochs)
+        published = ledger.screening_tau(training_key(check_ahead(request)))
+        if published:
+            logger.info(stage_line("train", f"{which}: screened on an earlier machine ({ledger.path})"))
+            scores.setdefault(tuple(candidate.layers), {})[seed] = published
+            continue
+        logger.info(stage_line("train", which + pace.eta(number)))
         pace.start()
-        trained = train_head(model=model, store=store, layers=candidate["layers"], out=str(head),
-                             preset_name=p.train_preset, seed=seed, epochs=p.screen_epochs, warm_start=warm_start)
-        pace.finish(worked=not trained["reused"])
-        scores.setdefault(tuple(candidate["layers"]), {})[seed] = screening_tau(trained["final"])
-    return screening_rows(candidates, scores)
+        trained = train_head(**parameters(request))
+        pace.finish(worked=not trained.reused)
+        scores.setdefault(tuple(candidate.layers), {})[seed] = screening_tau(trained.final)
+    ranked = screening_rows(candidates, scores)
+    chosen = finalists(candidates, ranked, p.finalists)
+    logger.info("screening (%d epoch(s), τ_offline): %s; finalists %s", p.screen_epochs,
+                ", ".join(f"{r['layers']} {r['tau_offline_mean']:.3f}" for r in ranked),
+                ", ".join(str(c.layers) for c in chosen))
+    return chosen

@@ -5,7 +5,7 @@ from __future__ import annotations
 from prefect import flow, get_run_logger
 
 from tasks.heads.export_head import runtime_warning
-from tasks.heads.request import TrainRequest
+from tasks.heads.request import TrainedHead, TrainRequest
 from tasks.heads.train import train_task
 from tasks.names import DEFAULT_MODEL, DEFAULT_STORE
 from tasks.request import checked
@@ -17,7 +17,7 @@ def train_head(model: str = DEFAULT_MODEL, store: str = DEFAULT_STORE, layers: l
                fmt: str = "vllm", epochs: int | None = None, device: str = "auto",
                warm_start: bool | None = None, freeze_lm_head: bool | None = None,
                lm_head_lr_scale: float | None = None, verifier: str | None = None,
-               keep_checkpoint: bool = False) -> dict:
+               keep_checkpoint: bool = False) -> TrainedHead:
     """Train an EAGLE-3 head reading `layers` (HF indices) from the store on `device` (auto: CUDA
     when present); export it to `out`. The parameters are `TrainRequest`'s fields. The device is not
     part of the stage key: a head trained on either is the same head up to floating-point rounding."""
@@ -27,5 +27,5 @@ def train_head(model: str = DEFAULT_MODEL, store: str = DEFAULT_STORE, layers: l
     if warning:
         get_run_logger().warning(warning)
     record = train_task(training)
-    return {"out": training.out, **{k: record[k] for k in ("layers", "steps", "trainable_parameters", "untrained",
-                                                           "final", "tokens_per_s", "reused")}}
+    return TrainedHead(training.out, **{k: record[k] for k in ("layers", "steps", "trainable_parameters", "untrained",
+                                                               "final", "tokens_per_s", "reused")})

@@ -46,6 +46,30 @@ class RunRequest:
 
 
 @dataclass(frozen=True)
+class HeadScore:
+    """One trained head's τ on one benchmark, as the pipeline's run scored it."""
+
+    layers: list[int]
+    seed: int
+    bench: str
+    tau: float
+    speedup: float | None  # None when replayed: the target did not run
+    reused: bool  # an earlier run scored it from the same inputs
+
+
+@dataclass(frozen=True)
+class PipelineResult:
+    """What `layerwave run` made: the report, its rows, and every head's score."""
+
+    model: str
+    preset: str
+    store: str
+    report: str
+    rows: list[dict]  # the report's result rows (results.json)
+    evaluated: list[HeadScore]
+
+
+@dataclass(frozen=True)
 class Run:
     """A checked `RunRequest`."""
 

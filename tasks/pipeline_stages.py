@@ -1,6 +1,7 @@
 """The pipeline's own decisions, apart from the flows it composes: which corpus a store is
-extracted from, whether extraction can be skipped, the order sets are trained in, and whether a
-model's run is complete (its request is checked in tasks/pipeline_request.py).
+extracted from, whether extraction can be skipped, the order sets are trained in, what a head's
+score depends on, and whether a model's run is complete (its request is checked in
+tasks/pipeline_request.py).
 """
 
 from __future__ import annotations
@@ -9,8 +10,13 @@ from store import paths
 from store.access import open_existing
 from store.artefacts import read_json
 from store.paths import Workspace
+from store.read import open_activations
+from tasks.heads.request import TrainRequest
 from tasks.names import EAGLE3_DEFAULT, FIXED_BASELINES, RANDOM_PREFIX
 from tasks.pipeline_presets import PipelinePreset
+from tasks.pipeline_request import Run
+from tasks.select.selection import Candidate
+from tasks.stage_key import stage_key
 
 SOURCE = "sharegpt"  # prompts the target answers (or, without generation, the corpus itself)
 
@@ -38,11 +44,11 @@ def extraction_current(store: str, model_key: str, model: str, p: PipelinePreset
         corpus, p.tokens, p.max_length, 0)
 
 
-def by_priority(candidates: list[dict]) -> list[dict]:
+def by_priority(candidates: list[Candidate]) -> list[Candidate]:
     """The EAGLE-3 default first, then every selection method's sets, then fixed baselines, then
     random controls, so a `--limit` keeps the comparison that matters most."""
-    def rank(candidate: dict) -> int:
-        methods = candidate["methods"]
+    def rank(candidate: Candidate) -> int:
+        methods = candidate.methods
         if EAGLE3_DEFAULT in methods:
             return 0
         if any(not m.startswith(RANDOM_PREFIX) and m not in FIXED_BASELINES for m in methods):
@@ -54,3 +60,18 @@ def by_priority(candidates: list[dict]) -> list[dict]:
 def is_complete(store: str, model_key: str, preset: str) -> bool:
     path = Workspace(store).completion(model_key, preset)
     return path.is_file() and read_json(path).get("complete") is True
+
+
+def evaluation_key(training_key: str, bench: str, p: PipelinePreset, store: str, model_key: str) -> str:
+    """The inputs of one head's score on `bench`: the head (by its training key), the benchmark
+    settings and, when replayed, the replies replayed along."""
+    replies = (open_activations(Workspace(store).replay_store(model_key, bench), model_key).attrs["plan_hash"]
+               if p.replay else None)
+    return stage_key(training_key, bench, p.prompts, p.max_new_tokens, p.depth, replies)
+
+
+def head_request(run: Run, layers: list[int], seed: int, out: str, epochs: int | None) -> TrainRequest:
+    """What the pipeline asks of one head: the preset's recipe for `epochs`, from the run's store."""
+    p = run.preset
+    return TrainRequest(model=run.request.model, store=run.store, layers=layers, out=out, preset_name=p.train_preset,
+                        seed=seed, epochs=epochs, warm_start=run.warm_start)

@@ -10,10 +10,12 @@ import pytest
 import xarray as xr
 
 from flows.cli import main
-from flows.pipeline import pipeline, sweep
+from flows.pipeline import pipeline
+from flows.sweep import sweep
 from tasks.data.registry import add_model
 from tasks.pipeline_stages import by_priority, is_complete
 from tasks.report.report import mean_ci95, paired_difference_ci95, spearman, spearman_p, verdict
+from tasks.select.selection import Candidate
 from tests.conftest import TINY, saved_checkpoint
 from tests.processes import cli_argv, run
 
@@ -38,12 +40,12 @@ def test_pipeline_writes_every_stage_and_a_report(finished):
     assert xr.open_zarr(store, group=f"{TINY}/activations").sizes["token"] == 3000
     for group in ("analysis/all-drop-first", "analysis/quantile-ge-0.5-drop-first", "selection/all-drop-first"):
         assert xr.open_zarr(store, group=f"{TINY}/{group}", consolidated=False).sizes
-    trained = {tuple(row["layers"]) for row in summary["evaluated"]}
+    trained = {tuple(row.layers) for row in summary.evaluated}
     assert len(trained) == 3 and (2, 4, 5) in trained  # the EAGLE-3 default is always among them
-    report = Path(summary["report"]).read_text()
+    report = Path(summary.report).read_text()
     assert "## Speculative decoding per set" in report and "[2, 4, 5]" in report and "](tau_by_set.png)" in report
-    assert (Path(summary["report"]).parent / "tau_by_set.png").stat().st_size > 0
-    results = json.loads((Path(summary["report"]).parent / "results.json").read_text())
+    assert (Path(summary.report).parent / "tau_by_set.png").stat().st_size > 0
+    results = json.loads((Path(summary.report).parent / "results.json").read_text())
     assert {row["bench"] for row in results["rows"]} == {"mt-bench"} and len(results["rows"]) == 3
     assert all(row["lossless"] and row["tau_mean"] >= 1.0 for row in results["rows"])
     assert is_complete(store, TINY, "smoke")
@@ -57,7 +59,7 @@ def test_second_run_does_no_stage_work(finished):
     before = modification_times(Path(store), heads)
     summary = pipeline(model=TINY, preset="smoke", store=store)
     assert modification_times(Path(store), heads) == before
-    assert all(row["reused"] for row in summary["evaluated"])
+    assert all(row.reused for row in summary.evaluated)
 
 
 def test_a_deleted_evaluation_reruns_alone(finished):
@@ -65,7 +67,7 @@ def test_a_deleted_evaluation_reruns_alone(finished):
     evaluation = next(Path(store).with_name("smoke.heads").rglob("evaluation/mt-bench.json"))
     evaluation.unlink()
     again = pipeline(model=TINY, preset="smoke", store=store)
-    assert sum(not row["reused"] for row in again["evaluated"]) == 1 and evaluation.is_file()
+    assert sum(not row.reused for row in again.evaluated) == 1 and evaluation.is_file()
 
 
 def test_sweep_runs_only_models_without_a_complete_result(finished, tiny, tmp_path, monkeypatch):
@@ -80,14 +82,14 @@ def test_sweep_runs_only_models_without_a_complete_result(finished, tiny, tmp_pa
 
 def test_report_command_regenerates_the_report(finished, tmp_path, capsys):
     store, summary = finished
-    Path(summary["report"]).unlink()
-    stale = Path(summary["report"]).parent / "cka_all.png"  # as a manual `analyze` without a filter leaves
+    Path(summary.report).unlink()
+    stale = Path(summary.report).parent / "cka_all.png"  # as a manual `analyze` without a filter leaves
     stale.write_bytes(b"not this run's")
     assert main(["report", "--model", TINY, "--preset", "smoke", "--store", store,
                  "--json", str(tmp_path / "r.json")]) == 0
     assert "layerwave report: tiny-random-llama (smoke)" in capsys.readouterr().out
-    assert Path(summary["report"]).is_file() and json.loads((tmp_path / "r.json").read_text())["rows"]
-    report = Path(summary["report"]).read_text()
+    assert Path(summary.report).is_file() and json.loads((tmp_path / "r.json").read_text())["rows"]
+    report = Path(summary.report).read_text()
     figures = [line for line in report.splitlines() if line.startswith("![")]
     assert figures == ["![entropy_vs_depth](entropy_vs_depth.png)", "![cka_all-drop-first](cka_all-drop-first.png)",
                        "![tau_by_set](tau_by_set.png)"]  # pipeline order, the filter selection used, nothing stale
@@ -126,10 +128,9 @@ def test_bad_pipeline_input_is_one_line(argv, message, capsys, tmp_path, monkeyp
 
 
 def test_priority_puts_the_default_first_and_random_controls_last():
-    candidates = [{"layers": [1, 2, 3], "methods": ["random-0"]}, {"layers": [4, 5, 6], "methods": ["even"]},
-                  {"layers": [1, 4, 6], "methods": ["cka-mrmr", "random-1"]}, {"layers": [2, 4, 5],
-                                                                                 "methods": ["eagle3-default"]}]
-    assert [c["layers"] for c in by_priority(candidates)] == [[2, 4, 5], [1, 4, 6], [4, 5, 6], [1, 2, 3]]
+    candidates = [Candidate([1, 2, 3], ["random-0"]), Candidate([4, 5, 6], ["even"]),
+                  Candidate([1, 4, 6], ["cka-mrmr", "random-1"]), Candidate([2, 4, 5], ["eagle3-default"])]
+    assert [c.layers for c in by_priority(candidates)] == [[2, 4, 5], [1, 4, 6], [4, 5, 6], [1, 2, 3]]
 
 
 def test_interval_and_rank_correlation():

@@ -42,7 +42,7 @@ def planted_store(tmp_path_factory, prefect_api) -> str:
 
 
 def by_method(candidates) -> dict[str, list[int]]:
-    return {method: c["layers"] for c in candidates for method in c["methods"]}
+    return {method: c.layers for c in candidates for method in c.methods}
 
 
 def test_methods_pick_what_the_planted_structure_calls_for(planted_store):
@@ -53,19 +53,19 @@ def test_methods_pick_what_the_planted_structure_calls_for(planted_store):
         assert not any(set(pair) <= set(layers) for pair in DUPLICATES), (method, layers)
         assert not set(LOW_RANK) & set(layers), (method, layers)
     assert set(chosen["entropy-topk"]) <= {1, 2, 4, 5, 6, 8}  # informative, redundancy ignored
-    informative = [c for c in candidates if not set(LOW_RANK) & set(c["layers"])
-                   and not any(set(p) <= set(c["layers"]) for p in DUPLICATES)]
-    assert candidates[0]["layers"] in [c["layers"] for c in informative]  # best aggregate entropy first
+    informative = [c for c in candidates if not set(LOW_RANK) & set(c.layers)
+                   and not any(set(p) <= set(c.layers) for p in DUPLICATES)]
+    assert candidates[0].layers in [c.layers for c in informative]  # best aggregate entropy first
     assert "aggregate-entropy@entropy-ge-2" in chosen  # every method also runs on the filtered analysis
     for c in candidates:
-        assert {"aggregate_h1", "aggregate_h2", "mean_entropy", "mean_pairwise_cka"} <= c.keys()
-        assert all(1 <= layer <= 8 for layer in c["layers"]) and len(c["layers"]) == 3
-    assert len({tuple(c["layers"]) for c in candidates}) == len(candidates)  # duplicates merged
+        assert {"aggregate_h1", "aggregate_h2", "mean_entropy", "mean_pairwise_cka"} <= c.scores.keys()
+        assert all(1 <= layer <= 8 for layer in c.layers) and len(c.layers) == 3
+    assert len({tuple(c.layers) for c in candidates}) == len(candidates)  # duplicates merged
 
 
 def test_duplicated_sets_keep_every_method_name(planted_store):
     candidates = select(model="planted", store=planted_store, k=3, methods=["cka-mrmr", "cka-logdet"])
-    names = [m for c in candidates for m in c["methods"]]
+    names = [m for c in candidates for m in c.methods]
     assert len(names) == len(set(names)) and {"cka-mrmr", "cka-logdet", "even", "last-k", "eagle3-default"} <= set(names)
 
 
@@ -86,10 +86,10 @@ def test_baselines_for_real_depths(n, expected):
 def test_constraints_are_respected(planted_store):
     candidates = select(model="planted", store=planted_store, k=2, low=2, high=8, min_gap=3)
     for c in candidates:
-        assert len(c["layers"]) == 2 and 2 <= min(c["layers"]) and max(c["layers"]) <= 8
-        assert c["layers"][1] - c["layers"][0] >= 3, c
+        assert len(c.layers) == 2 and 2 <= min(c.layers) and max(c.layers) <= 8
+        assert c.layers[1] - c.layers[0] >= 3, c
     wide = select(model="planted", store=planted_store, k=5)
-    assert all(len(c["layers"]) == 5 for c in wide)
+    assert all(len(c.layers) == 5 for c in wide)
 
 
 def test_select_cli_json_and_bad_input(planted_store, tmp_path, capsys):

@@ -1,10 +1,13 @@
 """The study's rounds on the tiny model: every candidate screened, the finalists chosen from the
 screening, their τ replayed along the target's own stored replies and equal to real decoding's,
-a report with the screening and its rank correlation, and a second run that does no work."""
+a report with the screening and its rank correlation, a second run that does no work, and a run
+without the heads that resumes from the published ledger."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -13,7 +16,11 @@ from flows.evaluate import evaluate
 from flows.pipeline import pipeline
 from store.paths import Workspace
 from store.read import open_activations
+from tasks.pipeline_presets import PIPELINE_PRESETS
+from tasks.report.ledger import LEDGER
+from tasks.report.write_report import report_task
 from tasks.report.study import finalists, screening_rows
+from tasks.select.selection import Candidate
 from tests.conftest import TINY
 from tests.test_pipeline import modification_times, pipeline_run
 
@@ -28,11 +35,11 @@ def test_every_candidate_is_screened_and_the_finalists_come_from_the_screening(s
     screen = Path(store).with_name("study.heads") / TINY / "smoke-study" / "screen"
     screened = sorted(path.parent.name for path in screen.glob("*/seed-0/training.json"))
     assert len(screened) == 3
-    results = json.loads((Path(summary["report"]).parent / "results.json").read_text())
+    results = json.loads((Path(summary.report).parent / "results.json").read_text())
     ranked = results["screening"]
     assert [r["tau_offline_mean"] for r in ranked] == sorted((r["tau_offline_mean"] for r in ranked), reverse=True)
     assert all(r["rounds"] > 0 and r["tau_offline_mean"] >= 1.0 for r in ranked)
-    finals = {tuple(row["layers"]) for row in summary["evaluated"]}
+    finals = {tuple(row.layers) for row in summary.evaluated}
     assert tuple(ranked[0]["layers"]) in finals and (2, 4, 5) in finals  # the best screened, and the default
     assert finals <= {tuple(r["layers"]) for r in ranked}
 
@@ -52,9 +59,9 @@ def test_replayed_tau_equals_real_decoding_on_the_same_prompts(studied):
 
 def test_the_report_shows_the_screening_and_how_well_it_predicts(studied):
     _, summary = studied
-    report = Path(summary["report"]).read_text()
+    report = Path(summary.report).read_text()
     assert "## Screening" in report and "screening_tau_offline" in report
-    rows = json.loads((Path(summary["report"]).parent / "results.json").read_text())["rows"]
+    rows = json.loads((Path(summary.report).parent / "results.json").read_text())["rows"]
     assert {row["bench"] for row in rows} == {"mt-bench", "sharegpt"}
     assert all(row["speedup_mean"] is None and row["screening_tau_offline"] >= 1.0 for row in rows)
 
@@ -64,16 +71,39 @@ def test_a_second_study_run_does_no_work(studied):
     folders = [Path(store), Path(store).with_name("study.heads"), Path(store).with_name("study.replay")]
     before = modification_times(*folders)
     again = pipeline(model=TINY, preset="smoke-study", store=store)
-    assert modification_times(*folders) == before and all(row["reused"] for row in again["evaluated"])
+    assert modification_times(*folders) == before and all(row.reused for row in again.evaluated)
 
 
 def test_finalists_are_the_best_screened_plus_the_default_and_the_best_random_set():
-    candidates = [{"layers": [i, i + 1, i + 2], "methods": [m]} for i, m in
+    candidates = [Candidate([i, i + 1, i + 2], [m]) for i, m in
                   enumerate(["cka-mrmr", "eagle3-default", "random-0", "even", "random-1"])]
     scores = {(0, 1, 2): {0: {"tau": 1.3, "rounds": 10}}, (1, 2, 3): {0: {"tau": 1.1, "rounds": 10}},
               (2, 3, 4): {0: {"tau": 1.15, "rounds": 10}}, (3, 4, 5): {0: {"tau": 1.25, "rounds": 10}},
               (4, 5, 6): {0: {"tau": 1.2, "rounds": 10}}}
     ranked = screening_rows(candidates, scores)
     assert [r["layers"] for r in ranked][:2] == [[0, 1, 2], [3, 4, 5]]
-    chosen = [c["layers"] for c in finalists(candidates, ranked, 2)]
+    chosen = [c.layers for c in finalists(candidates, ranked, 2)]
     assert chosen == [[0, 1, 2], [3, 4, 5], [1, 2, 3], [4, 5, 6]]  # random-1 screened better than random-0
+
+
+def test_a_run_that_lost_its_heads_resumes_from_the_published_ledger(studied, tmp_path, monkeypatch):
+    """As on a fresh machine where only the committed results survive: no head is trained again."""
+    store, summary = studied
+    published = tmp_path / "results"
+    monkeypatch.setitem(PIPELINE_PRESETS, "smoke-study",
+                        dataclasses.replace(PIPELINE_PRESETS["smoke-study"], publish=str(published)))
+    report_task(store, TINY, "smoke-study")  # publishes the report and the ledger of the heads on disk
+    ledger = json.loads((published / TINY / LEDGER).read_text())["heads"]
+    assert {r["round"] for r in ledger} == {"screening", "final"} and len(ledger) == 3 + len(summary.evaluated) // 2
+    before = json.loads((published / TINY / "results.json").read_text())
+    heads = Path(store).with_name("study.heads")
+    away = heads.rename(heads.with_name("study.heads-away"))
+    try:
+        again = pipeline(model=TINY, preset="smoke-study", store=store)
+        assert not heads.exists() or not list(heads.rglob("model.safetensors"))  # nothing trained
+        assert all(row.reused for row in again.evaluated) and len(again.evaluated) == len(summary.evaluated)
+        after = json.loads((published / TINY / "results.json").read_text())
+        assert after["rows"] == before["rows"] and after["screening"] == before["screening"]
+    finally:
+        shutil.rmtree(heads, ignore_errors=True)
+        away.rename(heads)

@@ -100,7 +100,6 @@ def shard_stats(path: Path) -> dict:
     return reply_stats([json.loads(line) for line in path.read_text().splitlines() if line])
 
 
-@torch.inference_mode()
 class Heartbeat(StoppingCriteria):
     """Never stops generation: calls `beat(step)` at most every `every` seconds, so that a batch
     of long replies (a minute on a CPU) is not a minute of silence."""
@@ -116,6 +115,7 @@ class Heartbeat(StoppingCriteria):
         return torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
 
 
+@torch.inference_mode()
 def generate_batch(model, prompts: list[list[int]], max_new_tokens: int, eos: int, pad: int,
                    temperature: float, beat: Callable[[int], None] | None = None) -> list[list[int]]:
     """New tokens per prompt (left padding, KV cache), cut after the first EOS; `beat(step)` is

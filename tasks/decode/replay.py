@@ -16,11 +16,15 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from prefect import task
+from prefect.cache_policies import NO_CACHE
+
 from store.artefacts import write_text
 from store.errors import LayerwaveError
 from store.paths import Workspace
 from tasks.data.prompts import first_turns, used_records
 from tasks.data.regen_corpus import read_generated
+from tasks.decode.evaluate import load_pair
 from tasks.heads.offline_tau import offline_tau
 from tasks.heads.train_data import StoreBatches
 
@@ -49,3 +53,13 @@ def replay_tau(head, store: str, model_key: str, bench: str, depth: int, eos: in
     data = StoreBatches(Workspace(store).replay_store(model_key, bench), model_key, head.config.layers, seq_len=1,
                         batch_size=1, seed=0, holdout=1.0)
     return {**offline_tau(head, data, depth, eos, max_new_tokens, first_turn_only=True), "method": "replay"}
+
+
+@task(name="replay-head", cache_policy=NO_CACHE)
+def replay_task(model: str, head: str, store: str, model_key: str, bench: str, depth: int,
+                max_new_tokens: int) -> dict:
+    """One head's τ on `bench`, replayed along the target's stored replies (no speed-up: the
+    target does not run)."""
+    target, drafter = load_pair(model, head, "cpu")
+    return {**replay_tau(drafter, store, model_key, bench, depth, target.tokenizer.eos_token_id, max_new_tokens),
+            "speedup": None, "lossless": None}

@@ -77,6 +77,20 @@ class TrainRequest:
 
 
 @dataclass(frozen=True)
+class TrainedHead:
+    """What training one head hands to the flows that compose it: where the head is and how it did."""
+
+    out: str
+    layers: list[int]
+    steps: int
+    trainable_parameters: int
+    untrained: dict  # held-out accuracy and loss per TTT step before training
+    final: dict  # the same after training, with τ_offline
+    tokens_per_s: float
+    reused: bool  # an earlier run trained it from the same inputs
+
+
+@dataclass(frozen=True)
 class Training:
     """A checked `TrainRequest`: what the training task runs."""
 

@@ -16,13 +16,18 @@ from tasks.heads.train_head import train
 from tasks.stage_key import current_record, stage_key, write_record
 
 
+def training_key(training: Training) -> str:
+    """A head's inputs: the activations (by their plan hash), its layers, its recipe and its export."""
+    return stage_key(training.plan_hash, training.layers, training.config, training.request.fmt, training.verifier)
+
+
 @task(name="train-draft-head", cache_policy=NO_CACHE)
 def train_task(training: Training) -> dict:
     """Train, export, then record; the resume checkpoint (optimizer state included, larger than the
     export) is removed once the record is written, unless the request keeps it."""
     logger = get_run_logger()
     t, request, out = training, training.request, location(training.out)
-    key = stage_key(t.plan_hash, t.layers, t.config, request.fmt, t.verifier)
+    key = training_key(t)
     finished = current_record(out / "training.json", key)
     if finished and (out / "config.json").is_file():  # the record is written after the export
         logger.info("head %s is already trained from these inputs", t.out)

@@ -7,15 +7,13 @@ Everything is read back from disk (selection in the store, evaluation JSON besid
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 
 import numpy as np
 
-from store import paths
-from store.paths import Workspace
 from tasks.names import EAGLE3_DEFAULT
+from tasks.select.selection import Candidate
 
 SCORES = ("aggregate_h1", "aggregate_h2", "mean_entropy", "mean_pairwise_cka")
 # Two-sided 95% Student t quantiles for 1..30 degrees of freedom (no SciPy dependency).
@@ -66,25 +64,25 @@ def _ranks(values: np.ndarray) -> np.ndarray:
     return ranks
 
 
-def result_rows(candidates: list[dict], evaluations: dict[tuple, list[dict]], benches: list[str]) -> list[dict]:
+def result_rows(candidates: list[Candidate], evaluations: dict[tuple, list[dict]], benches: list[str]) -> list[dict]:
     """One row per (set, bench) with at least one evaluated seed; `evaluations[(layers, bench)]`
     holds one evaluation result per seed."""
     rows = []
     for candidate in candidates:
         for bench in benches:
-            runs = evaluations.get((tuple(candidate["layers"]), bench), [])
+            runs = evaluations.get((tuple(candidate.layers), bench), [])
             if not runs:
                 continue
             tau, tau_ci = mean_ci95([r["tau"] for r in runs])
             timed = [r["speedup"] for r in runs if r.get("speedup") is not None]  # replayed τ has no speed-up
             speedup, speedup_ci = mean_ci95(timed) if timed else (None, None)
-            rows.append({"layers": candidate["layers"], "method": ",".join(candidate["methods"]), "bench": bench,
+            rows.append({"layers": candidate.layers, "method": ",".join(candidate.methods), "bench": bench,
                          "tau_mean": tau, "tau_ci95": tau_ci, "speedup_mean": speedup, "speedup_ci95": speedup_ci,
                          "seeds": [r["seed"] for r in runs], "tau_per_seed": [r["tau"] for r in runs],
                          "lossless": None if all(r.get("lossless") is None for r in runs)  # replayed: not decoded
                          else all(r.get("lossless") is not False for r in runs),
                          "busy_seeds": [r["seed"] for r in runs if (r.get("contention") or {}).get("flagged")],
-                         **{name: candidate[name] for name in SCORES}})
+                         **{name: candidate.scores[name] for name in SCORES}})
     return rows
 
 
@@ -192,7 +190,7 @@ def definitions(replayed: bool, depth: int) -> list[str]:
     return lines + [""]
 
 
-def markdown(title: str, facts: dict, plots: list[tuple[str, str]], candidates: list[dict], rows: list[dict],
+def markdown(title: str, facts: dict, plots: list[tuple[str, str]], candidates: list[Candidate], rows: list[dict],
              correlation: dict, benches: list[str], screening: list[dict] | None = None,
              replayed: bool = False) -> str:
     lines = [f"# {title}", ""]
@@ -202,9 +200,9 @@ def markdown(title: str, facts: dict, plots: list[tuple[str, str]], candidates: 
         lines += [f"![{Path(name).stem}]({name})", "", f"*Figure {number}. {caption}*", ""]
     lines += ["## Candidate layer sets (HF hidden_states indices)", "",
               "| layers | methods | " + " | ".join(SCORES) + " |", "|---|---|" + "---:|" * len(SCORES)]
-    lines += [f"| {c['layers']} | {', '.join(c['methods'])} | " + " | ".join(f"{c[s]:.3f}" for s in SCORES) + " |"
+    lines += [f"| {c.layers} | {', '.join(c.methods)} | " + " | ".join(f"{c.scores[s]:.3f}" for s in SCORES) + " |"
               for c in candidates]
-    lines += [""] + screening_markdown(screening or [], [c["layers"] for c in candidates])
+    lines += [""] + screening_markdown(screening or [], [c.layers for c in candidates])
     one_seed = rows and max(len(r["seeds"]) for r in rows) < 2
     lines += ["", "## Speculative decoding per set (mean over seeds, ± 95% t interval)", ""]
     if one_seed:
@@ -229,16 +227,3 @@ def _pm(mean: float | None, ci: float | None) -> str:
     if mean is None:
         return "n/a"
     return f"{mean:.3f}" if ci is None else f"{mean:.3f} ± {ci:.3f}"
-
-
-def load_evaluations(store: str, model_key: str, preset: str, candidates: list[dict], seeds, benches) -> dict:
-    """Evaluation results found on disk for every (set, bench), one per evaluated seed."""
-    found: dict[tuple, list[dict]] = {}
-    for candidate in candidates:
-        for bench in benches:
-            for seed in seeds:
-                path = paths.evaluation(Workspace(store).head(model_key, preset, candidate["layers"], seed), bench)
-                if path.is_file():
-                    found.setdefault((tuple(candidate["layers"]), bench), []).append(
-                        {**json.loads(path.read_text()), "seed": seed})
-    return found

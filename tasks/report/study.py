@@ -11,6 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from tasks.names import EAGLE3_DEFAULT, RANDOM_PREFIX
+from tasks.select.selection import Candidate
 
 
 def screening_tau(final: dict) -> dict:
@@ -20,24 +21,24 @@ def screening_tau(final: dict) -> dict:
     return {"tau": tau["tau"], "rounds": tau["rounds"], "tau_ci95": tau["tau_ci95"]}
 
 
-def screening_rows(candidates: list[dict], scores: dict[tuple, dict[int, dict]]) -> list[dict]:
+def screening_rows(candidates: list[Candidate], scores: dict[tuple, dict[int, dict]]) -> list[dict]:
     """One row per screened set, best mean τ_offline first; `scores[layers][seed]` as screening_tau."""
     rows = []
     for candidate in candidates:
-        by_seed = scores.get(tuple(candidate["layers"]), {})
+        by_seed = scores.get(tuple(candidate.layers), {})
         if not by_seed:
             continue
         taus = [by_seed[seed]["tau"] for seed in sorted(by_seed)]
-        rows.append({"layers": candidate["layers"], "method": ",".join(candidate["methods"]),
+        rows.append({"layers": candidate.layers, "method": ",".join(candidate.methods),
                      "tau_offline_mean": float(np.mean(taus)), "tau_offline_per_seed": taus,
                      "seeds": sorted(by_seed), "rounds": sum(s["rounds"] for s in by_seed.values())})
     return sorted(rows, key=lambda row: (-row["tau_offline_mean"], row["layers"]))  # ties: one order everywhere
 
 
-def finalists(candidates: list[dict], ranked: list[dict], count: int) -> list[dict]:
+def finalists(candidates: list[Candidate], ranked: list[dict], count: int) -> list[Candidate]:
     """The top `count` screened sets, then the EAGLE-3 default and the best random set if they
     are not among them; candidates in that order."""
-    by_layers = {tuple(c["layers"]): c for c in candidates}
+    by_layers = {tuple(c.layers): c for c in candidates}
     chosen = [tuple(row["layers"]) for row in ranked[:count]]
     for wanted in (EAGLE3_DEFAULT, RANDOM_PREFIX):
         best = next((tuple(row["layers"]) for row in ranked

@@ -1,5 +1,6 @@
-"""The report's work: result rows read back from disk, its own plots drawn, report.md and
-results.json written (and published), and Prefect artifacts.
+"""The report's work: result rows read back from the heads on disk (and from the published
+ledger for heads trained on an earlier machine), its own plots drawn, report.md and results.json
+written (and published, with the ledger), and Prefect artifacts.
 """
 
 from __future__ import annotations
@@ -14,14 +15,15 @@ from upath import UPath
 
 from store import paths
 from store.access import open_existing
-from store.artefacts import copy, read_json, write_json, write_text
+from store.artefacts import copy, write_json, write_text
 from store.errors import LayerwaveError
 from store.paths import Workspace
 from store.read import open_activations
 from tasks.pipeline_presets import REFERENCE_FILTER, pipeline_preset
+from tasks.report.ledger import Ledger, heads_on_disk
 from tasks.report.plots import plot_cka, plot_entropy_vs_depth, plot_tau_by_set
-from tasks.report.report import SCORES, correlations, load_evaluations, markdown, result_rows
-from tasks.report.study import screening_rows, screening_tau
+from tasks.report.report import SCORES, correlations, markdown, result_rows
+from tasks.report.study import screening_rows
 from tasks.select.select import analysis_filters, candidates_from
 
 REFERENCE = REFERENCE_FILTER.key
@@ -37,16 +39,20 @@ def report_task(store: str, model_key: str, preset: str, sets: list[list[int]] |
         raise LayerwaveError(f"no selection for {model_key} in {store}; run `layerwave run --model {model_key} "
                              f"--store {store} --preset {preset}` first")
     selection = xr.open_zarr(store, group=group, consolidated=False).load()
-    candidates = [c for c in candidates_from(selection) if sets is None or c["layers"] in sets]
-    benches = list(p.benches)
-    rows = result_rows(candidates, load_evaluations(store, model_key, preset, candidates, p.seeds, benches), benches)
-    screening = load_screening(store, model_key, preset, candidates_from(selection), p.seeds) if p.screen_epochs else []
+    every = candidates_from(selection)
+    candidates = [c for c in every if sets is None or c.layers in sets]
+    benches, activations = list(p.benches), open_activations(store, model_key)
+    on_disk = heads_on_disk(store, model_key, preset, [c.layers for c in every], p.seeds, benches)
+    ledger = Ledger.published(p.publish, model_key)
+    records = on_disk + earlier_records(ledger, activations.attrs["plan_hash"], on_disk, p.seeds)
+    rows = result_rows(candidates, final_scores(records, benches), benches)
+    screening = screening_rows(every, screening_scores(records)) if p.screen_epochs else []
     screened = {tuple(r["layers"]): r["tau_offline_mean"] for r in screening}
     for row in rows:
         row["screening_tau_offline"] = screened.get(tuple(row["layers"]))
     correlation = correlations(rows, benches, SCORES + (("screening_tau_offline",) if screening else ()))
     folder = Workspace(store).reports(model_key)
-    corpus = open_activations(store, model_key).attrs["corpus"]
+    corpus = activations.attrs["corpus"]
     facts = {"model": model_key, "store": store, "preset": preset,
              "training corpus": corpus["spec"], "training tokens": corpus["tokens"], "documents": corpus["documents"],
              "seeds": ", ".join(map(str, p.seeds)), "benchmarks": ", ".join(benches),
@@ -61,6 +67,7 @@ def report_task(store: str, model_key: str, preset: str, sets: list[list[int]] |
     write_json(folder / "results.json", {"rows": rows, "screening": screening, "rank_correlation": correlation})
     if p.publish:
         _publish(folder, [name for name, _ in plots], Path(p.publish) / model_key)
+        ledger.write(on_disk)
     create_markdown_artifact(key=f"report-{_artifact_key(model_key)}", markdown=text,
                              description=f"layerwave report for {model_key}")
     if rows:
@@ -69,15 +76,32 @@ def report_task(store: str, model_key: str, preset: str, sets: list[list[int]] |
     return {"path": str(folder / "report.md"), "rows": rows, "rank_correlation": correlation}
 
 
-def load_screening(store: str, model_key: str, preset: str, candidates: list[dict], seeds) -> list[dict]:
-    """The screening round's rows from the screening heads found on disk."""
-    scores = {}
-    for candidate in candidates:
-        for seed in seeds:
-            record = Workspace(store).screening_head(model_key, preset, candidate["layers"], seed) / "training.json"
-            if record.is_file():
-                scores.setdefault(tuple(candidate["layers"]), {})[seed] = screening_tau(read_json(record)["final"])
-    return screening_rows(candidates, scores)
+def earlier_records(ledger: Ledger, data_plan_hash: str, on_disk: list[dict], seeds) -> list[dict]:
+    """The ledger's records of heads trained from these activations on an earlier machine and not
+    found here."""
+    here = {(r["round"], tuple(r["layers"]), r["seed"]) for r in on_disk}
+    return [r for r in ledger.current(data_plan_hash)
+            if (r["round"], tuple(r["layers"]), r["seed"]) not in here and r["seed"] in seeds]
+
+
+def final_scores(records: list[dict], benches: list[str]) -> dict[tuple, list[dict]]:
+    """The final heads' scores for every (set, bench), one per scored seed, in seed order."""
+    found: dict[tuple, list[dict]] = {}
+    for record in sorted(records, key=lambda r: r["seed"]):
+        for bench in benches:
+            if record["round"] == "final" and bench in record["scores"]:
+                found.setdefault((tuple(record["layers"]), bench), []).append(
+                    {**record["scores"][bench], "seed": record["seed"]})
+    return found
+
+
+def screening_scores(records: list[dict]) -> dict[tuple, dict[int, dict]]:
+    """The screened heads' τ_offline by set and seed."""
+    scores: dict[tuple, dict[int, dict]] = {}
+    for record in records:
+        if record["round"] == "screening":
+            scores.setdefault(tuple(record["layers"]), {})[record["seed"]] = record["tau_offline"]
+    return scores
 
 
 def report_plots(store: str, model_key: str, folder: UPath, rows: list[dict], benches: list[str],

@@ -13,7 +13,7 @@ from store import paths
 from store.access import check_schema, consolidate, open_existing
 from store.errors import LayerwaveError
 from tasks.select.request import Selection
-from tasks.select.selection import Constraints, LayerScores, propose
+from tasks.select.selection import Candidate, Constraints, LayerScores, propose
 from tasks.stage_key import group_is_current, mark_group_current, stage_key
 from tasks.stats.analysis import set_entropy
 
@@ -70,7 +70,8 @@ def propose_task(selection: Selection) -> str:
     return path
 
 
-def candidates_from(ds: xr.Dataset) -> list[dict]:
+def candidates_from(ds: xr.Dataset) -> list[Candidate]:
+    """The stored selection back as the candidates `propose` made."""
     scores = [name for name in ds.data_vars if name not in ("layers", "methods")]
-    return [{"methods": str(ds.methods.values[i]).split(","), "layers": ds.layers.values[i].tolist(),
-             **{name: float(ds[name].values[i]) for name in scores}} for i in range(ds.sizes["candidate"])]
+    return [Candidate(ds.layers.values[i].tolist(), str(ds.methods.values[i]).split(","),
+                      {name: float(ds[name].values[i]) for name in scores}) for i in range(ds.sizes["candidate"])]

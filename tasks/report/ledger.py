@@ -1,0 +1,95 @@
+"""The study's ledger: one small record per trained head, published beside the report.
+
+A study takes hours of CPU and is spread over runs on machines that keep nothing in between
+(fresh sessions, CI): the store and the heads are gone, only what was committed stays. The
+ledger is what is committed of each head: the key of its inputs (tasks/heads/train.py:
+training_key), its τ_offline and its benchmark scores with their keys. A later run that would
+train a head under the same key takes its scores from the ledger instead, and its report counts
+them. A key made from other data, another recipe or other benchmark settings matches nothing,
+so nothing stale is reused.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from upath import UPath
+
+from store import paths
+from store.artefacts import read_json, write_text
+from store.paths import Workspace
+from tasks.report.study import screening_tau
+
+LEDGER = "heads.json"
+SCORE_FIELDS = ("tau", "speedup", "lossless", "contention")  # what the report reads of a benchmark score
+ROUNDS = ("screening", "final")
+
+
+def head_record(head: UPath, round_name: str, layers: list[int], seed: int, benches) -> dict | None:
+    """A head's ledger record from its files; None until its training record is written."""
+    if not (head / "training.json").is_file():
+        return None
+    training = read_json(head / "training.json")
+    scores = {}
+    for bench in benches:
+        path = paths.evaluation(head, bench)
+        if path.is_file():
+            score = read_json(path)
+            scores[bench] = {"key": score["stage_key"], **{name: score.get(name) for name in SCORE_FIELDS}}
+    return {"round": round_name, "layers": layers, "seed": seed, "training_key": training["stage_key"],
+            "data_plan_hash": training["data_plan_hash"], "tau_offline": screening_tau(training["final"]),
+            "scores": scores}
+
+
+def heads_on_disk(store: str, model_key: str, preset: str, sets: list[list[int]], seeds, benches) -> list[dict]:
+    """The records of every screening and final head of `sets` × `seeds` found beside the store."""
+    workspace, records = Workspace(store), []
+    for layers in sets:
+        for seed in seeds:
+            for round_name, head in (("screening", workspace.screening_head(model_key, preset, layers, seed)),
+                                     ("final", workspace.head(model_key, preset, layers, seed))):
+                record = head_record(head, round_name, layers, seed, benches)
+                if record is not None:
+                    records.append(record)
+    return records
+
+
+@dataclass(frozen=True)
+class Ledger:
+    """The published records of one model's study, by training key (empty when the preset
+    publishes nothing)."""
+
+    path: Path | None
+    records: dict[str, dict]
+
+    @classmethod
+    def published(cls, publish: str | None, model_key: str) -> Ledger:
+        if not publish:
+            return cls(None, {})
+        path = Path(publish) / model_key / LEDGER
+        records = json.loads(path.read_text())["heads"] if path.is_file() else []
+        return cls(path, {record["training_key"]: record for record in records})
+
+    def screening_tau(self, training_key: str) -> dict | None:
+        """A screened head's τ_offline, if the ledger holds the head."""
+        record = self.records.get(training_key)
+        return record["tau_offline"] if record else None
+
+    def scores(self, training_key: str, keys: dict[str, str]) -> dict[str, dict] | None:
+        """A final head's score per benchmark, if the ledger holds every one under the key given."""
+        found = (self.records.get(training_key) or {}).get("scores", {})
+        if all(found.get(bench, {}).get("key") == key for bench, key in keys.items()):
+            return {bench: found[bench] for bench in keys}
+        return None
+
+    def current(self, data_plan_hash: str) -> list[dict]:
+        """The records of heads trained from these activations."""
+        return [record for record in self.records.values() if record["data_plan_hash"] == data_plan_hash]
+
+    def write(self, records: list[dict]) -> None:
+        """The ledger with `records` added (a record of the same key replaced), written whole."""
+        merged = {**self.records, **{record["training_key"]: record for record in records}}
+        ordered = sorted(merged.values(), key=lambda r: (ROUNDS.index(r["round"]), r["seed"], r["layers"]))
+        write_text(self.path, json.dumps({"heads": ordered}, indent=1) + "\n")
