@@ -58,11 +58,16 @@ PRESETS = {
 
 
 
-def build_head(data: StoreBatches, config: TrainConfig) -> DraftHead:
+def stored_target(data: StoreBatches):
+    """The target `data` was extracted from, as extraction loaded it."""
+    return load_model.load(data.group.attrs["model"]["argument"], "cpu", data.group.attrs["extraction"]["dtype"])
+
+
+def build_head(data: StoreBatches, config: TrainConfig, target=None) -> DraftHead:
     """A fresh head for `data`'s layers: target embeddings copied in, draft vocabulary from the
     loss-masked tokens of the training documents."""
     group, layers = data.group, data.layers
-    target = load_model.load(group.attrs["model"]["argument"], "cpu", group.attrs["extraction"]["dtype"])
+    target = target or stored_target(data)
     vocab = target.model.config.vocab_size
     token_id, mask = group[schema.TOKEN_ID][:], group[schema.LOSS_MASK][:]
     training = mask & ~data.heldout_docs[data.doc]
@@ -137,9 +142,9 @@ def train(store: str, model_key: str, layers: list[int], out: Path, config: Trai
     total = per_epoch * config.epochs
     source = data.group.attrs["plan_hash"]
     checkpoint = out / "checkpoint.pt"
-    head = build_head(data, config).to(device)
-    eos = load_model.load(data.group.attrs["model"]["argument"], "cpu",
-                          data.group.attrs["extraction"]["dtype"]).tokenizer.eos_token_id
+    target = stored_target(data)  # loaded once: its embeddings seed the head, its EOS ends replies
+    head = build_head(data, config, target).to(device)
+    eos = target.tokenizer.eos_token_id
     optimizer = torch.optim.AdamW(parameter_groups(head, config), lr=config.lr, weight_decay=config.weight_decay)
     step, history, untrained = 0, [], None
     if checkpoint.exists():
