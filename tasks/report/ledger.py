@@ -92,4 +92,5 @@ class Ledger:
         """The ledger with `records` added (a record of the same key replaced), written whole."""
         merged = {**self.records, **{record["training_key"]: record for record in records}}
         ordered = sorted(merged.values(), key=lambda r: (ROUNDS.index(r["round"]), r["seed"], r["layers"]))
-        write_text(self.path, json.dumps({"heads": ordered}, indent=1) + "\n")
+        lines = ",\n".join(json.dumps(record, sort_keys=True) for record in ordered)  # a head per line: short diffs
+        write_text(self.path, f'{{"heads": [\n{lines}\n]}}\n')
