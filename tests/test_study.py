@@ -61,6 +61,7 @@ def test_the_report_shows_the_screening_and_how_well_it_predicts(studied):
     _, summary = studied
     report = Path(summary.report).read_text()
     assert "## Screening" in report and "screening_tau_offline" in report
+    assert "![screening](screening.png)" in report and (Path(summary.report).parent / "screening.png").stat().st_size
     rows = json.loads((Path(summary.report).parent / "results.json").read_text())["rows"]
     assert {row["bench"] for row in rows} == {"mt-bench", "sharegpt"}
     assert all(row["speedup_mean"] is None and row["screening_tau_offline"] >= 1.0 for row in rows)

@@ -30,7 +30,8 @@ def plot_cka(ds: xr.Dataset, path: Path, title: str) -> Path:
     figure, axes = plt.subplots(1, 2, figsize=(10, 4.4))
     for axis, name in zip(axes, ("cka", "cka_debiased")):
         image = axis.imshow(ds[name].values, vmin=0, vmax=1, cmap="viridis", origin="lower")
-        axis.set(title=f"{name} ({ds.attrs['filter']})", xlabel="layer", ylabel="layer")
+        axis.set(title=f"{name} ({ds.attrs['filter']})", xlabel="layer (HF hidden_states index)",
+                 ylabel="layer (HF hidden_states index)")
         figure.colorbar(image, ax=axis, fraction=0.046)
     figure.suptitle(title)
     return _save(figure, path)

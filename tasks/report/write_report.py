@@ -22,11 +22,12 @@ from store.read import open_activations
 from tasks.pipeline_presets import REFERENCE_FILTER, pipeline_preset
 from tasks.report.ledger import Ledger, heads_on_disk
 from tasks.report.plots import plot_cka, plot_entropy_vs_depth, plot_tau_by_set
-from tasks.report.report import SCORES, correlations, markdown, result_rows
+from tasks.report.report import SCORES, correlations, markdown, mean_ci95, result_rows
 from tasks.report.study import screening_rows
 from tasks.select.select import analysis_filters, candidates_from
 
 REFERENCE = REFERENCE_FILTER.key
+SCREENED = "screening: τ_offline"
 
 
 @task(name="write-report", cache_policy=NO_CACHE)
@@ -60,7 +61,7 @@ def report_task(store: str, model_key: str, preset: str, sets: list[list[int]] |
              "selection scored on token filter": REFERENCE,
              "evaluated (set, seed, bench)": f"{sum(len(r['seeds']) for r in rows)} of "
                                              f"{len(candidates) * len(p.seeds) * len(benches)}"}
-    plots = report_plots(store, model_key, folder, rows, benches, f"{model_key} ({preset})")
+    plots = report_plots(store, model_key, folder, rows, benches, f"{model_key} ({preset})", screening)
     text = markdown(f"layerwave report: {model_key} ({preset})", facts, plots, candidates, rows, correlation, benches,
                     screening, replayed=p.replay)
     write_text(folder / "report.md", text)
@@ -105,7 +106,7 @@ def screening_scores(records: list[dict]) -> dict[tuple, dict[int, dict]]:
 
 
 def report_plots(store: str, model_key: str, folder: UPath, rows: list[dict], benches: list[str],
-                 title: str) -> list[tuple[str, str]]:
+                 title: str, screening: list[dict]) -> list[tuple[str, str]]:
     """The report's own plots, in pipeline order, each drawn here from the store and the rows so
     that none shows other data (a manual `analyze` with another filter draws its own files):
     (file name, caption)."""
@@ -118,11 +119,23 @@ def report_plots(store: str, model_key: str, folder: UPath, rows: list[dict], be
                                       "scored sets on (left: CKA, right: debiased CKA; bright = redundant layers).")]
     plot_entropy_vs_depth(analyses, folder / plots[0][0], f"{title}: entropy vs depth")
     plot_cka(analyses[REFERENCE], folder / plots[1][0], f"{title}: layer similarity")
+    if screening:
+        plot_tau_by_set([screened_row(row) for row in screening], [SCREENED], folder / "screening.png",
+                        f"{title}: screening")
+        plots.append(("screening.png", "τ_offline of each screened layer set after the short budget: one dot per "
+                                       "seed, the mean with its 95% interval over seeds as a bar; red is the EAGLE-3 "
+                                       "default."))
     if rows:
         plot_tau_by_set(rows, benches, folder / "tau_by_set.png", title)
         plots.append(("tau_by_set.png", "τ of each trained layer set per benchmark: one dot per seed, the mean with "
                                         "its 95% interval over seeds as a bar; red is the EAGLE-3 default."))
     return plots
+
+
+def screened_row(row: dict) -> dict:
+    """A screening row in the shape of a result row, for the τ-by-set plot."""
+    return {"layers": row["layers"], "method": row["method"], "bench": SCREENED, "tau_mean": row["tau_offline_mean"],
+            "tau_ci95": mean_ci95(row["tau_offline_per_seed"])[1], "tau_per_seed": row["tau_offline_per_seed"]}
 
 
 def _publish(folder: UPath, plots: list[str], target: Path) -> None:
