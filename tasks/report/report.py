@@ -157,7 +157,7 @@ def verdict(rows: list[dict], bench: str) -> str:
             "by chance alone.")
 
 
-def screening_markdown(screening: list[dict], chosen: list[list[int]]) -> list[str]:
+def screening_markdown(screening: list[dict]) -> list[str]:
     """The screening round: every set's mean τ_offline over its seeds, finalists marked."""
     if not screening:
         return []
@@ -166,7 +166,7 @@ def screening_markdown(screening: list[dict], chosen: list[list[int]]) -> list[s
              "|---|---|---:|---|---:|---|"]
     lines += [f"| {r['layers']} | {r['method']} | {r['tau_offline_mean']:.3f} | "
               + ", ".join(f"{t:.3f}" for t in r["tau_offline_per_seed"])
-              + f" | {r['rounds']} | {'yes' if r['layers'] in chosen else ''} |" for r in screening]
+              + f" | {r['rounds']} | {'yes' if r['finalist'] else ''} |" for r in screening]
     return lines + [""]
 
 
@@ -202,7 +202,7 @@ def markdown(title: str, facts: dict, plots: list[tuple[str, str]], candidates: 
               "| layers | methods | " + " | ".join(SCORES) + " |", "|---|---|" + "---:|" * len(SCORES)]
     lines += [f"| {c.layers} | {', '.join(c.methods)} | " + " | ".join(f"{c.scores[s]:.3f}" for s in SCORES) + " |"
               for c in candidates]
-    lines += [""] + screening_markdown(screening or [], [c.layers for c in candidates])
+    lines += [""] + screening_markdown(screening or [])
     one_seed = rows and max(len(r["seeds"]) for r in rows) < 2
     lines += ["", "## Speculative decoding per set (mean over seeds, ± 95% t interval)", ""]
     if one_seed:

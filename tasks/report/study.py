@@ -46,3 +46,9 @@ def finalists(candidates: list[Candidate], ranked: list[dict], count: int) -> li
         if best is not None and best not in chosen:
             chosen.append(best)
     return [by_layers[layers] for layers in chosen]
+
+
+def with_finalists(candidates: list[Candidate], ranked: list[dict], count: int) -> list[dict]:
+    """The screening rows, each marked whether its set went on to the finals (`finalists`)."""
+    chosen = {tuple(c.layers) for c in finalists(candidates, ranked, count)}
+    return [{**row, "finalist": tuple(row["layers"]) in chosen} for row in ranked]

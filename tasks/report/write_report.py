@@ -23,7 +23,7 @@ from tasks.pipeline_presets import REFERENCE_FILTER, pipeline_preset
 from tasks.report.ledger import Ledger, heads_on_disk
 from tasks.report.plots import plot_cka, plot_entropy_vs_depth, plot_tau_by_set
 from tasks.report.report import SCORES, correlations, markdown, mean_ci95, result_rows
-from tasks.report.study import screening_rows
+from tasks.report.study import screening_rows, with_finalists
 from tasks.select.select import analysis_filters, candidates_from
 
 REFERENCE = REFERENCE_FILTER.key
@@ -47,7 +47,8 @@ def report_task(store: str, model_key: str, preset: str, sets: list[list[int]] |
     ledger = Ledger.published(p.publish, model_key)
     records = on_disk + earlier_records(ledger, activations.attrs["plan_hash"], on_disk, p.seeds)
     rows = result_rows(candidates, final_scores(records, benches), benches)
-    screening = screening_rows(every, screening_scores(records)) if p.screen_epochs else []
+    screening = (with_finalists(every, screening_rows(every, screening_scores(records)), p.finalists)
+                 if p.screen_epochs else [])
     screened = {tuple(r["layers"]): r["tau_offline_mean"] for r in screening}
     for row in rows:
         row["screening_tau_offline"] = screened.get(tuple(row["layers"]))
