@@ -11,12 +11,12 @@ from prefect import get_run_logger
 from flows.evaluate import evaluate
 from flows.train import train_head
 from store import paths
-from store.artefacts import location, read_json
 from store.paths import Workspace
 from tasks.decode.replay import replay_task
+from tasks.heads.request import TrainRequest
 from tasks.heads.train import training_key
 from tasks.pipeline_request import HeadScore, Run
-from tasks.pipeline_stages import evaluation_key, head_request
+from tasks.pipeline_stages import evaluation_key, head_request, replayed_replies
 from tasks.progress import Pace, stage_line
 from tasks.report.ledger import Ledger
 from tasks.report.write_report import report_task
@@ -25,12 +25,18 @@ from tasks.select.selection import Candidate
 from tasks.stage_key import current_record, write_record
 
 
-def score_head(run: Run, head: str, bench: str) -> dict:
+def checked_head(run: Run, layers: list[int], seed: int, out: str, epochs: int | None) -> tuple[TrainRequest, str]:
+    """One head's request, checked now (the flow that trains it takes this check over), and the
+    key it trains under: what the published ledger is looked up by."""
+    request = head_request(run, layers, seed, out, epochs)
+    return request, training_key(check_ahead(request))
+
+
+def score_head(run: Run, head: str, bench: str, key: str) -> dict:
     """One head's τ on `bench` (real decoding, or replayed along the target's stored replies), kept
-    beside the head under the key of its inputs, so a re-run reuses it."""
+    beside the head under `key`, the key of its inputs, so a re-run reuses it."""
     p, model = run.preset, run.request.model
-    trained = read_json(location(head) / "training.json")["stage_key"]
-    key, path = evaluation_key(trained, bench, p, run.store, run.model_key), paths.evaluation(head, bench)
+    path = paths.evaluation(head, bench)
     done = current_record(path, key)
     if done:
         return {**done, "reused": True}
@@ -46,16 +52,15 @@ def score_head(run: Run, head: str, bench: str) -> dict:
 def final_round(run: Run, chosen: list[Candidate]) -> tuple[list[HeadScore], dict]:
     """Every head's scores (seed-major, so partial results compare every set) and the last report."""
     logger, p = get_run_logger(), run.preset
-    ledger = Ledger.published(p.publish, run.model_key)
+    ledger, replies = Ledger.published(p.publish, run.model_key), replayed_replies(run)
     scores, heads = [], [(seed, candidate) for seed in p.seeds for candidate in chosen]
     pace = Pace(len(heads))
     for number, (seed, candidate) in enumerate(heads):
         head = str(Workspace(run.store).head(run.model_key, run.request.preset, candidate.layers, seed))
         which = f"head {number + 1}/{len(heads)} {candidate.layers} seed {seed}"
-        request = head_request(run, candidate.layers, seed, head, p.epochs)
-        key = training_key(check_ahead(request))
-        published = ledger.scores(key, {bench: evaluation_key(key, bench, p, run.store, run.model_key)
-                                        for bench in p.benches})
+        request, trained_under = checked_head(run, candidate.layers, seed, head, p.epochs)
+        keys = {bench: evaluation_key(trained_under, bench, p, replies[bench]) for bench in p.benches}
+        published = ledger.scores(trained_under, keys)
         if published:
             logger.info(stage_line("train", f"{which}: scored on an earlier machine ({ledger.path})"))
             results = {bench: {**score, "reused": True} for bench, score in published.items()}
@@ -66,7 +71,7 @@ def final_round(run: Run, chosen: list[Candidate]) -> tuple[list[HeadScore], dic
             results = {}
             for bench in p.benches:
                 logger.info(stage_line("evaluate", f"{which} on {bench}"))
-                results[bench] = score_head(run, head, bench)
+                results[bench] = score_head(run, head, bench, keys[bench])
             pace.finish(worked=not trained.reused or not all(r["reused"] for r in results.values()))
         scores += [HeadScore(candidate.layers, seed, bench, r["tau"], r["speedup"], r["reused"])
                    for bench, r in results.items()]

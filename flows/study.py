@@ -11,18 +11,17 @@ from prefect import get_run_logger
 
 from flows.extract import extract
 from flows.generate import generate
+from flows.rounds import checked_head
 from flows.train import train_head
 from store import paths
 from store.access import open_existing
 from store.paths import Workspace
 from tasks.decode.replay import corpus_tokens, write_prompts
-from tasks.heads.train import training_key
 from tasks.pipeline_request import Run
-from tasks.pipeline_stages import head_request
 from tasks.progress import Pace, stage_line
 from tasks.report.ledger import Ledger
 from tasks.report.study import finalists, screening_rows, screening_tau
-from tasks.request import check_ahead, parameters
+from tasks.request import parameters
 from tasks.select.selection import Candidate
 
 
@@ -55,8 +54,8 @@ def screen(run: Run, candidates: list[Candidate]) -> list[Candidate]:
     for number, (seed, candidate) in enumerate(heads):
         head = Workspace(run.store).screening_head(run.model_key, run.request.preset, candidate.layers, seed)
         which = f"screening head {number + 1}/{len(heads)} {candidate.layers} seed {seed}"
-        request = head_request(run, candidate.layers, seed, str(head), p.screen_epochs)
-        published = ledger.screening_tau(training_key(check_ahead(request)))
+        request, trained_under = checked_head(run, candidate.layers, seed, str(head), p.screen_epochs)
+        published = ledger.screening_tau(trained_under)
         if published:
             logger.info(stage_line("train", f"{which}: screened on an earlier machine ({ledger.path})"))
             scores.setdefault(tuple(candidate.layers), {})[seed] = published

@@ -62,11 +62,17 @@ def is_complete(store: str, model_key: str, preset: str) -> bool:
     return path.is_file() and read_json(path).get("complete") is True
 
 
-def evaluation_key(training_key: str, bench: str, p: PipelinePreset, store: str, model_key: str) -> str:
+def replayed_replies(run: Run) -> dict[str, str | None]:
+    """Per benchmark, the plan hash of the replies its heads are replayed along (None when the
+    preset decodes for real): an input of every score, read once per run."""
+    p, key = run.preset, run.model_key
+    return {bench: open_activations(Workspace(run.store).replay_store(key, bench), key).attrs["plan_hash"]
+            if p.replay else None for bench in p.benches}
+
+
+def evaluation_key(training_key: str, bench: str, p: PipelinePreset, replies: str | None) -> str:
     """The inputs of one head's score on `bench`: the head (by its training key), the benchmark
-    settings and, when replayed, the replies replayed along."""
-    replies = (open_activations(Workspace(store).replay_store(model_key, bench), model_key).attrs["plan_hash"]
-               if p.replay else None)
+    settings and the replies replayed along (`replayed_replies`)."""
     return stage_key(training_key, bench, p.prompts, p.max_new_tokens, p.depth, replies)
 
 
