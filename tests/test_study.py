@@ -1,7 +1,7 @@
 """The study's rounds on the tiny model: every candidate screened, the finalists chosen from the
 screening, their τ replayed along the target's own stored replies and equal to real decoding's,
-a report with the screening and its rank correlation, a second run that does no work, and a run
-without the heads that resumes from the published ledger."""
+a report with the screening, its rank correlation and how the target's replies ended, a second
+run that does no work, and a run without the heads that resumes from the published ledger."""
 
 from __future__ import annotations
 
@@ -18,8 +18,8 @@ from store.paths import Workspace
 from store.read import open_activations
 from tasks.pipeline_presets import PIPELINE_PRESETS
 from tasks.report.ledger import LEDGER
-from tasks.report.write_report import report_task
 from tasks.report.study import finalists, screening_rows
+from tasks.report.write_report import report_task
 from tasks.select.selection import Candidate
 from tests.conftest import TINY
 from tests.test_pipeline import modification_times, pipeline_run
@@ -58,10 +58,14 @@ def test_replayed_tau_equals_real_decoding_on_the_same_prompts(studied):
 
 
 def test_the_report_shows_the_screening_and_how_well_it_predicts(studied):
-    _, summary = studied
+    store, summary = studied
     report = Path(summary.report).read_text()
     assert "## Screening" in report and "screening_tau_offline" in report
     assert "![screening](screening.png)" in report and (Path(summary.report).parent / "screening.png").stat().st_size
+    corpus = Path(open_activations(store, TINY).attrs["corpus"]["spec"].removeprefix("regen:"))
+    generated = json.loads((corpus / "manifest.json").read_text())
+    assert (f"- target replies: {generated['replies']}, {generated['finished_replies']} ended on the target's end "
+            f"of turn, the rest at 24 new tokens") in report
     rows = json.loads((Path(summary.report).parent / "results.json").read_text())["rows"]
     assert {row["bench"] for row in rows} == {"mt-bench", "sharegpt"}
     assert all(row["speedup_mean"] is None and row["screening_tau_offline"] >= 1.0 for row in rows)

@@ -67,8 +67,20 @@ class GeneratedConversation(tuple):
 
 def generator_key(spec: str) -> str | None:
     """The model key that generated a regen: corpus (None for other corpora)."""
-    if not spec.startswith("regen:"):
-        return None
-    manifest = read_manifest(location(spec[6:]).expanduser())
+    manifest = _regen_manifest(spec)
     return manifest["model"]["key"] if manifest else None
+
+
+def replies_summary(spec: str) -> str | None:
+    """How the target's replies of a regen: corpus ended, for a report: a target that seldom ends
+    its turn (a base model) writes replies that run to the token limit, often in loops."""
+    manifest = _regen_manifest(spec)
+    if manifest is None:
+        return None
+    return (f"{manifest['replies']}, {manifest['finished_replies']} ended on the target's end of turn, the rest "
+            f"at {manifest['identity']['max_new_tokens']} new tokens")
+
+
+def _regen_manifest(spec: str) -> dict | None:
+    return read_manifest(location(spec[6:]).expanduser()) if spec.startswith("regen:") else None
 

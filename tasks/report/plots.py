@@ -10,6 +10,7 @@ import numpy as np
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import xarray as xr  # noqa: E402
+from matplotlib.ticker import MaxNLocator  # noqa: E402
 
 from store.artefacts import write_figure  # noqa: E402
 from tasks.report.report import is_default  # noqa: E402
@@ -54,6 +55,7 @@ def plot_tau_by_set(rows: list[dict], benches: list[str], path: Path, title: str
             axis.errorbar(row["tau_mean"], y, xerr=row["tau_ci95"] or 0, fmt="o", color=color, capsize=3)
             axis.scatter(row["tau_per_seed"], [y] * len(row["tau_per_seed"]), s=10, color=color, alpha=0.4)
         axis.set(title=bench, xlabel="τ (tokens per target forward)")
+        axis.xaxis.set_major_locator(MaxNLocator(nbins=5))  # close means: keep tick labels apart
         axis.grid(alpha=0.3)
     axes[0][0].set_yticks(range(len(labels)), labels, fontsize=7)
     figure.suptitle(f"{title}\nred: EAGLE-3 default · dots: one seed each · bars: 95% t interval over seeds",

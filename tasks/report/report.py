@@ -194,7 +194,7 @@ def markdown(title: str, facts: dict, plots: list[tuple[str, str]], candidates: 
              correlation: dict, benches: list[str], screening: list[dict] | None = None,
              replayed: bool = False) -> str:
     lines = [f"# {title}", ""]
-    lines += [f"- {name}: {value}" for name, value in facts.items()] + [""]
+    lines += [f"- {name}: {value}" for name, value in facts.items() if value is not None] + [""]
     lines += definitions(replayed, facts.get("draft depth", 4))
     for number, (name, caption) in enumerate(plots, 1):
         lines += [f"![{Path(name).stem}]({name})", "", f"*Figure {number}. {caption}*", ""]

@@ -19,6 +19,7 @@ from store.artefacts import copy, write_json, write_text
 from store.errors import LayerwaveError
 from store.paths import Workspace
 from store.read import open_activations
+from tasks.data.regen_corpus import replies_summary
 from tasks.pipeline_presets import REFERENCE_FILTER, pipeline_preset
 from tasks.report.ledger import Ledger, heads_on_disk
 from tasks.report.plots import plot_cka, plot_entropy_vs_depth, plot_tau_by_set
@@ -57,6 +58,7 @@ def report_task(store: str, model_key: str, preset: str, sets: list[list[int]] |
     corpus = activations.attrs["corpus"]
     facts = {"model": model_key, "store": store, "preset": preset,
              "training corpus": corpus["spec"], "training tokens": corpus["tokens"], "documents": corpus["documents"],
+             "target replies": replies_summary(corpus["spec"]),
              "seeds": ", ".join(map(str, p.seeds)), "benchmarks": ", ".join(benches),
              "prompts per benchmark": p.prompts, "max new tokens": p.max_new_tokens, "draft depth": p.depth,
              "selection scored on token filter": REFERENCE,
