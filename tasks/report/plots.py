@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from itertools import cycle
 from pathlib import Path
 
 import matplotlib
@@ -14,13 +15,19 @@ from matplotlib.ticker import MaxNLocator  # noqa: E402
 
 from store.artefacts import write_figure  # noqa: E402
 from tasks.report.report import is_default  # noqa: E402
+from tasks.select.layer_ids import eagle3_default  # noqa: E402
+
+FILTER_COLORS = ("tab:blue", "tab:green", "tab:purple", "tab:orange", "tab:brown", "tab:gray")
 
 
 def plot_entropy_vs_depth(measures: dict[str, xr.Dataset], path: Path, title: str) -> Path:
     figure, axis = plt.subplots(figsize=(7, 4))
-    for key, ds in measures.items():
-        axis.plot(ds.layer, ds.entropy_h1, marker="o", ms=3, label=f"H1, {key} ({ds.attrs['tokens_kept']} tokens)")
-        axis.plot(ds.layer, ds.entropy_h2, ls="--", lw=1, label=f"H2, {key}")
+    for (key, ds), color in zip(measures.items(), cycle(FILTER_COLORS)):  # one color per filter; red is the default's
+        axis.plot(ds.layer, ds.entropy_h1, marker="o", ms=3, color=color,
+                  label=f"H1, {key} ({ds.attrs['tokens_kept']} tokens)")
+        axis.plot(ds.layer, ds.entropy_h2, ls="--", lw=1, color=color, label=f"H2, {key}")
+    for i, layer in enumerate(_default_layers(next(iter(measures.values())))):
+        axis.axvline(layer, color="tab:red", ls=":", lw=1, label=None if i else "EAGLE-3 default layers")
     axis.set(xlabel="layer (HF hidden_states index)", ylabel="matrix entropy (nats)", title=title)
     axis.legend(fontsize=7)
     axis.grid(alpha=0.3)
@@ -34,7 +41,9 @@ def plot_cka(ds: xr.Dataset, path: Path, title: str) -> Path:
         axis.set(title=f"{name} ({ds.attrs['filter']})", xlabel="layer (HF hidden_states index)",
                  ylabel="layer (HF hidden_states index)")
         figure.colorbar(image, ax=axis, fraction=0.046)
-    figure.suptitle(title)
+        default = _default_layers(ds)
+        axis.scatter(*np.meshgrid(default, default), marker="s", s=30, facecolors="none", edgecolors="tab:red")
+    figure.suptitle(f"{title}\nred squares: the EAGLE-3 default's layer pairs", fontsize=10)
     return _save(figure, path)
 
 
@@ -61,6 +70,11 @@ def plot_tau_by_set(rows: list[dict], benches: list[str], path: Path, title: str
     figure.suptitle(f"{title}\nred: EAGLE-3 default · dots: one seed each · bars: 95% t interval over seeds",
                     fontsize=9)
     return _save(figure, path)
+
+
+def _default_layers(ds: xr.Dataset) -> list[int]:
+    """The EAGLE-3 default of the analysed model: its hidden states are the embeddings and N layers."""
+    return eagle3_default(ds.sizes["layer"] - 1) or []
 
 
 def _save(figure, path: Path) -> Path:

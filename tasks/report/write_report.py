@@ -117,9 +117,11 @@ def report_plots(store: str, model_key: str, folder: UPath, rows: list[dict], be
     analyses = {key: xr.open_zarr(store, group=paths.analysis(model_key, key), consolidated=False).load()
                 for key in filters}
     plots = [("entropy_vs_depth.png", "Matrix entropy of each layer's hidden states (nats; H1 solid, H2 dashed), "
-                                      "one line per token filter: how much information each layer spreads."),
+                                      "one color per token filter: how much information each layer spreads; red "
+                                      "dotted lines mark the EAGLE-3 default's layers."),
              (f"cka_{REFERENCE}.png", f"CKA between every pair of layers on {REFERENCE}, the token filter selection "
-                                      "scored sets on (left: CKA, right: debiased CKA; bright = redundant layers).")]
+                                      "scored sets on (left: CKA, right: debiased CKA; bright = redundant layers; "
+                                      "red squares: the EAGLE-3 default's layer pairs).")]
     plot_entropy_vs_depth(analyses, folder / plots[0][0], f"{title}: entropy vs depth")
     plot_cka(analyses[REFERENCE], folder / plots[1][0], f"{title}: layer similarity")
     if screening:
