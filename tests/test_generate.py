@@ -15,7 +15,7 @@ from flows.generate import generate
 from store.read import open_activations
 from tasks.data.corpus import load_corpus
 from tasks.data.generate import Heartbeat
-from tasks.data.regen_corpus import committed_shards, read_generated
+from tasks.data.regen_corpus import GeneratedConversation, committed_shards, read_generated, repeated_share
 from tasks.decode.spec_decode import plain_generate
 from tests.conftest import GENERATION, TINY, saved_checkpoint
 from tests.processes import cli_argv, error_line, run, start, wait_until
@@ -111,3 +111,10 @@ def test_a_batch_beats_while_it_generates_and_is_never_stopped_by_it(tiny):
     out = tiny.model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=6, min_new_tokens=6,
                               do_sample=False, stopping_criteria=StoppingCriteriaList([Heartbeat(beats.append, 0.0)]))
     assert out.shape[1] == 3 + 6 and beats == [1, 2, 3, 4, 5, 6]
+
+
+def test_repeated_share_counts_reply_tokens_that_close_an_earlier_four_gram():
+    """Prompt 1 2 3 4, reply 1 2 3 4 5: only the reply's 4 closes a 4-gram (1 2 3 4) seen before."""
+    looped = GeneratedConversation([], [1, 2, 3, 4, 1, 2, 3, 4, 5], [0, 0, 0, 0, 1, 1, 1, 1, 1])
+    fresh = GeneratedConversation([], [7, 8, 9, 10, 11, 12], [0, 0, 0, 1, 1, 1])
+    assert repeated_share([looped]) == 1 / 5 and repeated_share([looped, fresh]) == 1 / 8

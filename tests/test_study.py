@@ -65,7 +65,7 @@ def test_the_report_shows_the_screening_and_how_well_it_predicts(studied):
     corpus = Path(open_activations(store, TINY).attrs["corpus"]["spec"].removeprefix("regen:"))
     generated = json.loads((corpus / "manifest.json").read_text())
     assert (f"- target replies: {generated['replies']}, {generated['finished_replies']} ended on the target's end "
-            f"of turn, the rest at 24 new tokens") in report
+            f"of turn, the rest at 24 new tokens; ") in report and "% of their tokens repeat a 4-gram" in report
     rows = json.loads((Path(summary.report).parent / "results.json").read_text())["rows"]
     assert {row["bench"] for row in rows} == {"mt-bench", "sharegpt"}
     assert all(row["speedup_mean"] is None and row["screening_tau_offline"] >= 1.0 for row in rows)

@@ -72,13 +72,29 @@ def generator_key(spec: str) -> str | None:
 
 
 def replies_summary(spec: str) -> str | None:
-    """How the target's replies of a regen: corpus ended, for a report: a target that seldom ends
-    its turn (a base model) writes replies that run to the token limit, often in loops."""
-    manifest = _regen_manifest(spec)
-    if manifest is None:
+    """How the target's replies of a regen: corpus ended and how much they repeat, for a report: a
+    target that seldom ends its turn (a base model) writes replies that run to the token limit in loops."""
+    if _regen_manifest(spec) is None:
         return None
+    conversations, _, manifest = read_generated(location(spec[6:]).expanduser())
     return (f"{manifest['replies']}, {manifest['finished_replies']} ended on the target's end of turn, the rest "
-            f"at {manifest['identity']['max_new_tokens']} new tokens")
+            f"at {manifest['identity']['max_new_tokens']} new tokens; {repeated_share(conversations):.0%} of their "
+            "tokens repeat a 4-gram seen earlier in the conversation")
+
+
+def repeated_share(conversations: list[GeneratedConversation], n: int = 4) -> float:
+    """Share of reply tokens that close an n-gram already seen earlier in their conversation: text
+    a prompt-lookup drafter could copy, and a sign of a target that loops."""
+    repeated = replied = 0
+    for conversation in conversations:
+        ids, seen = conversation.token_ids, set()
+        for end in range(n, len(ids) + 1):
+            gram = tuple(ids[end - n:end])
+            if conversation.loss_mask[end - 1]:
+                replied += 1
+                repeated += gram in seen
+            seen.add(gram)
+    return repeated / max(replied, 1)
 
 
 def _regen_manifest(spec: str) -> dict | None:
