@@ -1,7 +1,8 @@
 """The pipeline's final round: every chosen layer set × seed trained, then scored on each
-benchmark, with the report rewritten after each seed so a long run can be read as it goes.
+benchmark, each head published to the study's ledger as it finishes and the report rewritten
+after each seed, so a long run can be read as it goes and loses nothing it finished.
 
-    for seed: for set: train_head → score_head per bench (or the published ledger's scores);  report
+    for seed: for set: train_head → score_head per bench → ledger (or the ledger's scores);  report
 """
 
 from __future__ import annotations
@@ -73,6 +74,7 @@ def final_round(run: Run, chosen: list[Candidate]) -> tuple[list[HeadScore], dic
                 logger.info(stage_line("evaluate", f"{which} on {bench}"))
                 results[bench] = score_head(run, head, bench, keys[bench])
             pace.finish(worked=not trained.reused or not all(r["reused"] for r in results.values()))
+            ledger = ledger.publish_head(head, "final", candidate.layers, seed, p.benches)
         scores += [HeadScore(candidate.layers, seed, bench, r["tau"], r["speedup"], r["reused"])
                    for bench, r in results.items()]
         if candidate is chosen[-1]:

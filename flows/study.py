@@ -64,6 +64,7 @@ def screen(run: Run, candidates: list[Candidate]) -> list[Candidate]:
         pace.start()
         trained = train_head(**parameters(request))
         pace.finish(worked=not trained.reused)
+        ledger = ledger.publish_head(head, "screening", candidate.layers, seed, p.benches)
         scores.setdefault(tuple(candidate.layers), {})[seed] = screening_tau(trained.final)
     ranked = screening_rows(candidates, scores)
     chosen = finalists(candidates, ranked, p.finalists)

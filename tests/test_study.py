@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+import flows.rounds
 from flows.evaluate import evaluate
 from flows.pipeline import pipeline
 from store.paths import Workspace
@@ -112,3 +113,23 @@ def test_a_run_that_lost_its_heads_resumes_from_the_published_ledger(studied, tm
     finally:
         shutil.rmtree(heads, ignore_errors=True)
         away.rename(heads)
+
+
+def test_every_head_is_published_to_the_ledger_as_soon_as_it_is_scored(studied, tmp_path, monkeypatch):
+    """A run lost before its report (here the report fails) has published every head it finished."""
+    store, summary = studied
+    published = tmp_path / "results"
+    monkeypatch.setitem(PIPELINE_PRESETS, "smoke-study",
+                        dataclasses.replace(PIPELINE_PRESETS["smoke-study"], publish=str(published)))
+
+    def machine_lost(*args, **kwargs):
+        raise RuntimeError("machine lost before the report")
+
+    monkeypatch.setattr(flows.rounds, "report_task", machine_lost)
+    with pytest.raises(RuntimeError, match="machine lost"):
+        pipeline(model=TINY, preset="smoke-study", store=store)
+    ledger = json.loads((published / TINY / LEDGER).read_text())["heads"]
+    assert [r["round"] for r in ledger] == ["screening"] * 3 + ["final"] * (len(summary.evaluated) // 2)
+    scored = {(tuple(row.layers), row.bench): row.tau for row in summary.evaluated}
+    assert {(tuple(r["layers"]), bench): score["tau"] for r in ledger if r["round"] == "final"
+            for bench, score in r["scores"].items()} == scored

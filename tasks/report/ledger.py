@@ -88,9 +88,16 @@ class Ledger:
         """The records of heads trained from these activations."""
         return [record for record in self.records.values() if record["data_plan_hash"] == data_plan_hash]
 
-    def write(self, records: list[dict]) -> None:
+    def write(self, records: list[dict]) -> Ledger:
         """The ledger with `records` added (a record of the same key replaced), written whole."""
         merged = {**self.records, **{record["training_key"]: record for record in records}}
         ordered = sorted(merged.values(), key=lambda r: (ROUNDS.index(r["round"]), r["seed"], r["layers"]))
         lines = ",\n".join(json.dumps(record, sort_keys=True) for record in ordered)  # a head per line: short diffs
         write_text(self.path, f'{{"heads": [\n{lines}\n]}}\n')
+        return Ledger(self.path, merged)
+
+    def publish_head(self, head: UPath, round_name: str, layers: list[int], seed: int, benches) -> Ledger:
+        """The ledger with one just-finished head added, published at once: a run lost before its
+        next report loses no head it finished."""
+        record = head_record(UPath(head), round_name, layers, seed, benches)
+        return self.write([record]) if self.path and record else self
