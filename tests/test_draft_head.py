@@ -36,6 +36,8 @@ def test_resume_from_a_checkpoint_continues_identically(training_store, tmp_path
     straight, _ = train(training_store, TINY, LAYERS, tmp_path / "straight", config)
     _, halfway = train(training_store, TINY, LAYERS, tmp_path / "resumed", config, stop_after=7)
     assert halfway["steps"] == 7 and not halfway["finished"]
+    saved = torch.load(tmp_path / "resumed" / "checkpoint.pt", weights_only=False)["head"]
+    assert "embed_tokens.weight" not in saved and "fc.weight" in saved  # the target gives the frozen embedding back
     resumed, record = train(training_store, TINY, LAYERS, tmp_path / "resumed", config)
     assert record["finished"]
     for (name, a), (_, b) in zip(straight.state_dict().items(), resumed.state_dict().items()):

@@ -152,7 +152,7 @@ def train(store: str, model_key: str, layers: list[int], out: Path, config: Trai
         if (state["layers"], state["config"], state["source"]) != (layers, asdict(config), source):
             raise LayerwaveError(f"{checkpoint} belongs to another run (layers, preset or data differ); "
                                  "use another --out or delete it")
-        head.load_state_dict(state["head"])
+        head.resume_from(state["head"])
         optimizer.load_state_dict(state["optimizer"])
         step, history, untrained = state["step"], state["history"], state["untrained"]
         log(f"resuming from step {step}/{total}")
@@ -211,7 +211,7 @@ def train(store: str, model_key: str, layers: list[int], out: Path, config: Trai
 def _save(path: Path, head, optimizer, step, history, untrained, layers, config, source) -> None:
     """Write the checkpoint whole or not at all: a kill mid-write leaves the previous one intact."""
     buffer = io.BytesIO()
-    torch.save({"head": head.state_dict(), "optimizer": optimizer.state_dict(), "step": step, "history": history,
+    torch.save({"head": head.resumable_state(), "optimizer": optimizer.state_dict(), "step": step, "history": history,
                 "untrained": untrained, "layers": layers, "config": asdict(config), "source": source}, buffer)
     write_bytes(path, buffer.getvalue())
 
