@@ -16,7 +16,7 @@ from flows.train import train_head
 from store import paths
 from store.access import open_existing
 from store.paths import Workspace
-from tasks.decode.replay import corpus_tokens, write_prompts
+from tasks.decode.replay import whole_corpus, write_prompts
 from tasks.pipeline_request import Run
 from tasks.progress import Pace, stage_line
 from tasks.report.ledger import Ledger
@@ -39,8 +39,8 @@ def prepare_replay(run: Run, bench: str) -> None:
     generate(model=run.request.model, source=f"jsonl:{prompts}", out=str(corpus), tokens=p.prompts * p.max_new_tokens,
              max_new_tokens=p.max_new_tokens, turns=1, batch_size=1, shard_size=8,
              max_prompt_tokens=p.generate_max_prompt_tokens)
-    extract(model=run.request.model, corpus=f"regen:{corpus}", tokens=corpus_tokens(corpus), max_length=p.max_length,
-            store=target)
+    extract(model=run.request.model, corpus=f"regen:{corpus}", max_length=p.max_length, store=target,
+            **whole_corpus(corpus))
 
 
 def screen(run: Run, candidates: list[Candidate]) -> list[Candidate]:

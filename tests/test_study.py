@@ -10,13 +10,16 @@ import json
 import shutil
 from pathlib import Path
 
+import numpy as np
 import pytest
+import zarr
 
 import flows.rounds
 from flows.evaluate import evaluate
 from flows.pipeline import pipeline
 from store.paths import Workspace
 from store.read import open_activations
+from tasks.data.regen_corpus import read_generated
 from tasks.pipeline_presets import PIPELINE_PRESETS
 from tasks.report.ledger import LEDGER
 from tasks.report.study import finalists, screening_rows
@@ -50,6 +53,12 @@ def test_replayed_tau_equals_real_decoding_on_the_same_prompts(studied):
     for bench in ("mt-bench", "sharegpt"):
         replies = open_activations(Workspace(store).replay_store(TINY, bench), TINY)
         assert replies.attrs["complete"] and replies.attrs["corpus"]["spec"].startswith("regen:")
+        # stored whole, in one shard: extraction cuts a document where a shard ends
+        conversations = read_generated(Workspace(store).replay_corpus(TINY, bench))[0]
+        stored = zarr.open_group(Workspace(store).replay_store(TINY, bench), mode="r")[f"{TINY}/activations"]
+        assert stored["hidden_states"].shards[1] >= stored["token_id"].shape[0]
+        assert np.bincount(stored["doc"][:]).tolist() == [len(conversations[record].token_ids)
+                                                         for record in stored["source_record"][:]]
     head = Path(store).with_name("study.heads") / TINY / "smoke-study" / "2-4-5" / "seed-0"
     replayed = json.loads((head / "evaluation" / "mt-bench.json").read_text())
     assert replayed["method"] == "replay" and replayed["speedup"] is None and replayed["replies"] == 4

@@ -80,7 +80,7 @@ def test_a_prompt_only_corpus_cannot_train_and_a_budget_beyond_the_corpus_is_sta
     stated = json.loads(summary.read_text())
     assert stated["tokens_requested"] == 10**6 > stated["n_tokens"] == stated["tokens_written"]
     # the warning reaches the console, or pytest's log capture when an earlier test set up logging
-    assert "corpus mt-bench holds only" in capsys.readouterr().err + caplog.text
+    assert "corpus mt-bench runs out at" in capsys.readouterr().err + caplog.text
     line = refused(capsys, ["train", "--model", TINY, "--store", str(store), "--layers", "2,4,6",
                             "--preset", "smoke", "--out", str(tmp_path / "head")], "no assistant reply to learn from")
     assert "more --tokens" not in line

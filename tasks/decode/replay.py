@@ -42,9 +42,16 @@ def write_prompts(store: str, model_key: str, bench: str, count: int) -> Path:
                       "".join(json.dumps({"prompt": turn}) + "\n" for turn in turns))
 
 
-def corpus_tokens(corpus: Path) -> int:
-    """Every token (prompts and replies) of a generated corpus: the extraction budget that takes it whole."""
-    return sum(len(conversation.token_ids) for conversation in read_generated(corpus)[0])
+REPLAY_CHUNK_TOKENS = 512  # chunks of 0.5 to 8 MiB for widths 512 to 8192
+
+
+def whole_corpus(corpus: Path) -> dict:
+    """Extraction settings that store a generated corpus whole: every token, in one shard.
+    Extraction cuts a document where a shard ends, and a cut reply is not replayed: with the
+    default ~128 MiB shards, 4 of SmolLM2's 48 MT-Bench replies were lost that way."""
+    tokens = sum(len(conversation.token_ids) for conversation in read_generated(corpus)[0])
+    return {"tokens": tokens, "tokens_per_chunk": REPLAY_CHUNK_TOKENS,
+            "chunks_per_shard": -(-tokens // REPLAY_CHUNK_TOKENS)}
 
 
 def replay_tau(head, store: str, model_key: str, bench: str, depth: int, eos: int | None,
