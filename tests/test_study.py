@@ -12,11 +12,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import zarr
 
 import flows.rounds
 from flows.evaluate import evaluate
 from flows.pipeline import pipeline
+from store import paths
+from store.access import open_existing
 from store.paths import Workspace
 from store.read import open_activations
 from tasks.data.regen_corpus import read_generated
@@ -50,19 +51,19 @@ def test_every_candidate_is_screened_and_the_finalists_come_from_the_screening(s
 
 def test_replayed_tau_equals_real_decoding_on_the_same_prompts(studied):
     store, summary = studied
+    workspace = Workspace(store)
     for bench in ("mt-bench", "sharegpt"):
-        replies = open_activations(Workspace(store).replay_store(TINY, bench), TINY)
+        replies = open_existing(workspace.replay_store(TINY, bench), paths.activations(TINY))
         assert replies.attrs["complete"] and replies.attrs["corpus"]["spec"].startswith("regen:")
         # stored whole, in one shard: extraction cuts a document where a shard ends
-        conversations = read_generated(Workspace(store).replay_corpus(TINY, bench))[0]
-        stored = zarr.open_group(Workspace(store).replay_store(TINY, bench), mode="r")[f"{TINY}/activations"]
-        assert stored["hidden_states"].shards[1] >= stored["token_id"].shape[0]
-        assert np.bincount(stored["doc"][:]).tolist() == [len(conversations[record].token_ids)
-                                                         for record in stored["source_record"][:]]
+        conversations = read_generated(workspace.replay_corpus(TINY, bench))[0]
+        assert replies["hidden_states"].shards[1] >= replies["token_id"].shape[0]
+        assert np.bincount(replies["doc"][:]).tolist() == [len(conversations[record].token_ids)
+                                                          for record in replies["source_record"][:]]
     head = Path(store).with_name("study.heads") / TINY / "smoke-study" / "2-4-5" / "seed-0"
     replayed = json.loads((head / "evaluation" / "mt-bench.json").read_text())
     assert replayed["method"] == "replay" and replayed["speedup"] is None and replayed["replies"] == 4
-    prompts = Workspace(store).replay_prompts(TINY, "mt-bench")  # its 4 prompts: one shard answered them all
+    prompts = workspace.replay_prompts(TINY, "mt-bench")  # its 4 prompts: one shard answered them all
     real = evaluate(model=TINY, head=str(head), bench=f"jsonl:{prompts}", limit=None, max_new_tokens=12, depth=3)
     assert real["lossless"] and real["tau"] == pytest.approx(replayed["tau"], abs=1e-9)
 

@@ -29,10 +29,16 @@ def plot_entropy_vs_depth(measures: dict[str, xr.Dataset], path: Path, title: st
     for i, layer in enumerate(_default_layers(next(iter(measures.values())))):
         axis.axvline(layer, color="tab:red", ls=":", lw=1, label=None if i else "EAGLE-3 default layers")
     axis.set(xlabel="layer (HF hidden_states index)", ylabel="matrix entropy (nats)", title=title)
-    axis.xaxis.set_major_locator(MaxNLocator(integer=True))  # layers are whole numbers, never 2.5
+    _whole_layer_ticks(axis.xaxis)
     axis.legend(fontsize=7)
     axis.grid(alpha=0.3)
     return _save(figure, path)
+
+
+def _whole_layer_ticks(*layer_axes) -> None:
+    """Layers are whole numbers: no tick at 2.5."""
+    for layer_axis in layer_axes:
+        layer_axis.set_major_locator(MaxNLocator(integer=True))
 
 
 def plot_cka(ds: xr.Dataset, path: Path, title: str) -> Path:
@@ -41,8 +47,7 @@ def plot_cka(ds: xr.Dataset, path: Path, title: str) -> Path:
         image = axis.imshow(ds[name].values, vmin=0, vmax=1, cmap="viridis", origin="lower")
         axis.set(title=f"{name} ({ds.attrs['filter']})", xlabel="layer (HF hidden_states index)",
                  ylabel="layer (HF hidden_states index)")
-        for layer_axis in (axis.xaxis, axis.yaxis):
-            layer_axis.set_major_locator(MaxNLocator(integer=True))
+        _whole_layer_ticks(axis.xaxis, axis.yaxis)
         figure.colorbar(image, ax=axis, fraction=0.046)
         default = _default_layers(ds)
         axis.scatter(*np.meshgrid(default, default), marker="s", s=30, facecolors="none", edgecolors="tab:red")
