@@ -60,7 +60,7 @@ def test_replayed_tau_equals_real_decoding_on_the_same_prompts(studied):
         assert replies["hidden_states"].shards[1] >= replies["token_id"].shape[0]
         assert np.bincount(replies["doc"][:]).tolist() == [len(conversations[record].token_ids)
                                                           for record in replies["source_record"][:]]
-    head = Path(store).with_name("study.heads") / TINY / "smoke-study" / "2-4-5" / "seed-0"
+    head = workspace.head(TINY, "smoke-study", [2, 4, 5], 0)
     replayed = json.loads((head / "evaluation" / "mt-bench.json").read_text())
     assert replayed["method"] == "replay" and replayed["speedup"] is None and replayed["replies"] == 4
     prompts = workspace.replay_prompts(TINY, "mt-bench")  # its 4 prompts: one shard answered them all
