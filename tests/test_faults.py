@@ -25,28 +25,35 @@ from tests.test_bad_input import snapshot
 GROUP = f"{TINY}/activations"
 
 
-def test_training_killed_after_a_checkpoint_resumes_to_the_same_head(training_store, trained, tmp_path, prefect_api):
+# CPU float sums depend on how many threads split them: both runs get the same fixed count.
+PINNED_THREADS = {"OMP_NUM_THREADS": "2", "MKL_NUM_THREADS": "2", "MKL_DYNAMIC": "FALSE"}
+
+
+def test_training_killed_after_a_checkpoint_resumes_to_the_same_head(training_store, tmp_path, prefect_api):
     """SIGKILL `layerwave train` once its first checkpoint lands; the same command then resumes
-    and ends with exactly the weights of the uninterrupted run (the `trained` fixture)."""
-    out = tmp_path / "head"
-    argv = cli_argv("train", {"model": TINY, "store": training_store, "layers": ",".join(map(str, LAYERS)),
-                              "preset": "smoke", "out": out})
-    checkpoint = out / "checkpoint.pt"
-    process = start(argv, prefect_api)
+    and ends with exactly the weights of the same command run uninterrupted."""
+    def train_argv(out):
+        return cli_argv("train", {"model": TINY, "store": training_store, "layers": ",".join(map(str, LAYERS)),
+                                  "preset": "smoke", "out": out}) + ["--keep-checkpoint"]  # kept, to compare weights
+
+    uninterrupted = run(train_argv(tmp_path / "uninterrupted"), prefect_api, PINNED_THREADS)
+    assert uninterrupted.returncode == 0, uninterrupted.stderr
+    finished = torch.load(tmp_path / "uninterrupted" / "checkpoint.pt", weights_only=False)
+    checkpoint = tmp_path / "killed" / "checkpoint.pt"
+    process = start(train_argv(tmp_path / "killed"), prefect_api, PINNED_THREADS)
     wait_until(checkpoint.exists, process)
     os.killpg(process.pid, signal.SIGKILL)
     process.wait()
     killed_at = torch.load(checkpoint, weights_only=False)["step"]
-    assert killed_at < trained[1]["total_steps"], "the run finished before it was killed"
+    assert killed_at < finished["step"], "the run finished before it was killed"
 
-    resumed = run(argv + ["--keep-checkpoint"], prefect_api)  # kept, to compare its weights
+    resumed = run(train_argv(tmp_path / "killed"), prefect_api, PINNED_THREADS)
     assert resumed.returncode == 0, resumed.stderr
     assert f"resuming from step {killed_at}/" in resumed.stdout + resumed.stderr
     final = torch.load(checkpoint, weights_only=False)["head"]
-    uninterrupted = torch.load(trained[2] / "checkpoint.pt", weights_only=False)["head"]
-    assert final.keys() == uninterrupted.keys()
+    assert final.keys() == finished["head"].keys()
     for name in final:
-        assert torch.equal(final[name], uninterrupted[name]), name
+        assert torch.equal(final[name], finished["head"][name]), name
 
 
 def test_a_second_extraction_process_is_refused_while_the_first_runs(tmp_path, corpus, extracted, prefect_api):
