@@ -12,6 +12,7 @@ import xarray as xr
 from flows.cli import main
 from flows.pipeline import pipeline
 from flows.sweep import sweep
+from store.paths import Workspace
 from tasks.data.registry import add_model
 from tasks.pipeline_stages import by_priority, is_complete
 from tasks.report.report import mean_ci95, paired_difference_ci95, spearman, spearman_p, verdict
@@ -49,13 +50,13 @@ def test_pipeline_writes_every_stage_and_a_report(finished):
     assert {row["bench"] for row in results["rows"]} == {"mt-bench"} and len(results["rows"]) == 3
     assert all(row["lossless"] and row["tau_mean"] >= 1.0 for row in results["rows"])
     assert is_complete(store, TINY, "smoke")
-    heads = Path(store).with_name("smoke.heads")  # finished heads keep their export, not the resume checkpoint
+    heads = Workspace(store).beside("heads")  # finished heads keep their export, not the resume checkpoint
     assert len(list(heads.rglob("model.safetensors"))) == 3 and not list(heads.rglob("checkpoint.pt"))
 
 
 def test_second_run_does_no_stage_work(finished):
     store, _ = finished
-    heads = Path(store).with_name("smoke.heads")
+    heads = Workspace(store).beside("heads")
     before = modification_times(Path(store), heads)
     summary = pipeline(model=TINY, preset="smoke", store=store)
     assert modification_times(Path(store), heads) == before
@@ -64,7 +65,7 @@ def test_second_run_does_no_stage_work(finished):
 
 def test_a_deleted_evaluation_reruns_alone(finished):
     store, summary = finished
-    evaluation = next(Path(store).with_name("smoke.heads").rglob("evaluation/mt-bench.json"))
+    evaluation = next(Workspace(store).beside("heads").rglob("evaluation/mt-bench.json"))
     evaluation.unlink()
     again = pipeline(model=TINY, preset="smoke", store=store)
     assert sum(not row.reused for row in again.evaluated) == 1 and evaluation.is_file()

@@ -37,7 +37,7 @@ def studied(tmp_path_factory, prefect_api):
 
 def test_every_candidate_is_screened_and_the_finalists_come_from_the_screening(studied):
     store, summary = studied
-    screen = Path(store).with_name("study.heads") / TINY / "smoke-study" / "screen"
+    screen = Workspace(store).heads(TINY, "smoke-study") / "screen"
     screened = sorted(path.parent.name for path in screen.glob("*/seed-0/training.json"))
     assert len(screened) == 3
     results = json.loads((Path(summary.report).parent / "results.json").read_text())
@@ -84,7 +84,7 @@ def test_the_report_shows_the_screening_and_how_well_it_predicts(studied):
 
 def test_a_second_study_run_does_no_work(studied):
     store, _ = studied
-    folders = [Path(store), Path(store).with_name("study.heads"), Path(store).with_name("study.replay")]
+    folders = [Path(store), Workspace(store).beside("heads"), Workspace(store).beside("replay")]
     before = modification_times(*folders)
     again = pipeline(model=TINY, preset="smoke-study", store=store)
     assert modification_times(*folders) == before and all(row.reused for row in again.evaluated)
@@ -112,7 +112,7 @@ def test_a_run_that_lost_its_heads_resumes_from_the_published_ledger(studied, tm
     ledger = json.loads((published / TINY / LEDGER).read_text())["heads"]
     assert {r["round"] for r in ledger} == {"screening", "final"} and len(ledger) == 3 + len(summary.evaluated) // 2
     before = json.loads((published / TINY / "results.json").read_text())
-    heads = Path(store).with_name("study.heads")
+    heads = Workspace(store).beside("heads")
     away = heads.rename(heads.with_name("study.heads-away"))
     try:
         again = pipeline(model=TINY, preset="smoke-study", store=store)
