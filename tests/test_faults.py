@@ -34,7 +34,7 @@ def test_training_killed_after_a_checkpoint_resumes_to_the_same_head(training_st
     and ends with exactly the weights of the same command run uninterrupted."""
     def train_argv(out):
         return cli_argv("train", {"model": TINY, "store": training_store, "layers": ",".join(map(str, LAYERS)),
-                                  "preset": "smoke", "out": out}) + ["--keep-checkpoint"]  # kept, to compare weights
+                                  "preset": "smoke", "epochs": 4, "out": out}) + ["--keep-checkpoint"]  # to compare
 
     uninterrupted = run(train_argv(tmp_path / "uninterrupted"), prefect_api, PINNED_THREADS)
     assert uninterrupted.returncode == 0, uninterrupted.stderr
