@@ -19,6 +19,10 @@ os.environ["PREFECT_SERVER_ANALYTICS_ENABLED"] = "false"
 os.environ["DO_NOT_TRACK"] = "1"
 os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ.setdefault("LAYERWAVE_CACHE", os.path.join(_SESSION_DIR, "cache"))
+# CPU float sums depend on how many threads split them; one fixed count for this process and every
+# subprocess it starts (they inherit it), so trained weights compare bit for bit across them.
+for _variable, _value in {"OMP_NUM_THREADS": "2", "MKL_NUM_THREADS": "2", "MKL_DYNAMIC": "FALSE"}.items():
+    os.environ.setdefault(_variable, _value)
 
 TINY = "tiny-random-llama"
 LAYERS = [2, 4, 5]  # the EAGLE-3 default for the tiny model's 8 layers

@@ -33,11 +33,11 @@ def cli_env(prefect_api: str, extra: dict | None = None) -> dict:
     return {**os.environ, "PREFECT_API_URL": prefect_api, **(extra or {})}
 
 
-def start(argv: list[str], prefect_api: str, env: dict | None = None, **popen) -> subprocess.Popen:
-    """Start the command in its own session, so a kill reaches every process it started (`env` adds variables)."""
+def start(argv: list[str], prefect_api: str, **popen) -> subprocess.Popen:
+    """Start the command in its own session, so a kill reaches every process it started."""
     popen.setdefault("stdout", subprocess.DEVNULL)
     popen.setdefault("stderr", subprocess.DEVNULL)
-    return subprocess.Popen(argv, env=cli_env(prefect_api, env), start_new_session=True, **popen)
+    return subprocess.Popen(argv, env=cli_env(prefect_api), start_new_session=True, **popen)
 
 
 def run(argv: list[str], prefect_api: str, env: dict | None = None, **popen) -> subprocess.CompletedProcess:

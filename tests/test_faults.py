@@ -25,29 +25,25 @@ from tests.test_bad_input import snapshot
 GROUP = f"{TINY}/activations"
 
 
-# CPU float sums depend on how many threads split them: both runs get the same fixed count.
-PINNED_THREADS = {"OMP_NUM_THREADS": "2", "MKL_NUM_THREADS": "2", "MKL_DYNAMIC": "FALSE"}
-
-
 def test_training_killed_after_a_checkpoint_resumes_to_the_same_head(training_store, tmp_path, prefect_api):
     """SIGKILL `layerwave train` once its first checkpoint lands; the same command then resumes
-    and ends with exactly the weights of the same command run uninterrupted."""
+    and ends with exactly the weights of the same command run uninterrupted (threads: conftest.py)."""
     def train_argv(out):
         return cli_argv("train", {"model": TINY, "store": training_store, "layers": ",".join(map(str, LAYERS)),
                                   "preset": "smoke", "epochs": 4, "out": out}) + ["--keep-checkpoint"]  # to compare
 
-    uninterrupted = run(train_argv(tmp_path / "uninterrupted"), prefect_api, PINNED_THREADS)
+    uninterrupted = run(train_argv(tmp_path / "uninterrupted"), prefect_api)
     assert uninterrupted.returncode == 0, uninterrupted.stderr
     finished = torch.load(tmp_path / "uninterrupted" / "checkpoint.pt", weights_only=False)
     checkpoint = tmp_path / "killed" / "checkpoint.pt"
-    process = start(train_argv(tmp_path / "killed"), prefect_api, PINNED_THREADS)
+    process = start(train_argv(tmp_path / "killed"), prefect_api)
     wait_until(checkpoint.exists, process)
     os.killpg(process.pid, signal.SIGKILL)
     process.wait()
     killed_at = torch.load(checkpoint, weights_only=False)["step"]
     assert killed_at < finished["step"], "the run finished before it was killed"
 
-    resumed = run(train_argv(tmp_path / "killed"), prefect_api, PINNED_THREADS)
+    resumed = run(train_argv(tmp_path / "killed"), prefect_api)
     assert resumed.returncode == 0, resumed.stderr
     assert f"resuming from step {killed_at}/" in resumed.stdout + resumed.stderr
     final = torch.load(checkpoint, weights_only=False)["head"]
