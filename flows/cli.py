@@ -405,10 +405,28 @@ def main(argv: list[str] | None = None) -> int:
             traceback.print_exc()
         print(f"layerwave: error: {err}", file=sys.stderr)
         return 2
+    except RuntimeError as err:
+        if EMBEDDED_SERVER_TIMEOUT not in str(err):
+            raise
+        if debug:
+            traceback.print_exc()
+        print(f"layerwave: error: {_embedded_server_advice()}", file=sys.stderr)
+        return 1
     if getattr(args, "json", None):
         with open(args.json, "w") as handle:
             json.dump(_json_safe(summary), handle, indent=2)
     return 0
+
+
+EMBEDDED_SERVER_TIMEOUT = "Timed out while attempting to connect to ephemeral Prefect API server"
+
+
+def _embedded_server_advice() -> str:
+    from flows import EPHEMERAL_STARTUP_TIMEOUT
+
+    return (f"Prefect's embedded API server did not start within {os.environ.get(EPHEMERAL_STARTUP_TIMEOUT)} s "
+            f"(a busy machine?); re-run with a larger {EPHEMERAL_STARTUP_TIMEOUT}, or start a server "
+            "(`prefect server start`) and set PREFECT_API_URL=http://127.0.0.1:4200/api")
 
 
 def _json_safe(value):

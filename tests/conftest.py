@@ -20,8 +20,11 @@ os.environ["DO_NOT_TRACK"] = "1"
 os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ.setdefault("LAYERWAVE_CACHE", os.path.join(_SESSION_DIR, "cache"))
 # CPU float sums depend on how many threads split them; one fixed count for this process and every
-# subprocess it starts (they inherit it), so trained weights compare bit for bit across them.
-for _variable, _value in {"OMP_NUM_THREADS": "2", "MKL_NUM_THREADS": "2", "MKL_DYNAMIC": "FALSE"}.items():
+# subprocess it starts (they inherit it), so trained weights compare bit for bit across them. Under
+# pytest-xdist the cores are split between the workers, so parallel tests do not oversubscribe them.
+_WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+_THREADS = str(max(1, min(2, (os.cpu_count() or 1) // _WORKERS)))
+for _variable, _value in {"OMP_NUM_THREADS": _THREADS, "MKL_NUM_THREADS": _THREADS, "MKL_DYNAMIC": "FALSE"}.items():
     os.environ.setdefault(_variable, _value)
 
 TINY = "tiny-random-llama"

@@ -46,6 +46,9 @@ def test_pipeline_writes_every_stage_and_a_report(finished):
     report = Path(summary.report).read_text()
     assert "## Speculative decoding per set" in report and "[2, 4, 5]" in report and "](tau_by_set.png)" in report
     assert (Path(summary.report).parent / "tau_by_set.png").stat().st_size > 0
+    # a published report names its store and corpus as the run's folder sees them, no machine's folders
+    assert "- store: smoke.zarr\n" in report and "- training corpus: regen:smoke.corpora/" in report
+    assert str(Path(store).parent) not in report
     results = json.loads((Path(summary.report).parent / "results.json").read_text())
     assert {row["bench"] for row in results["rows"]} == {"mt-bench"} and len(results["rows"]) == 3
     assert all(row["lossless"] and row["tau_mean"] >= 1.0 for row in results["rows"])

@@ -18,14 +18,14 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file
-from transformers import AutoConfig
+from transformers import AutoConfig, AutoModelForCausalLM
 
 from store.errors import LayerwaveError
 from tasks.data import load_model
 from tasks.data.registry import resolve
 from tasks.heads.draft_head import DraftConfig, DraftHead, draft_vocabulary
 from tasks.heads.export_head import export, runtime_warning, to_runtime_ids
-from tests.conftest import LAYERS, saved_checkpoint
+from tests.conftest import LAYERS, TINY, saved_checkpoint
 
 if importlib.util.find_spec("speculators") is None:  # installed, it must import: a broken install fails here
     pytest.skip("speculators is installed by .ci/run from .ci/runtime-exports.txt", allow_module_level=True)
@@ -54,10 +54,19 @@ def step0_logits_match(head: DraftHead, out: Path, tokens: int = 7) -> float:
     return float((seen["logits"].float() - ours.float()).abs().max())
 
 
-def test_the_tiny_models_vllm_export_loads_in_speculators_with_equal_logits(tiny, trained, tmp_path):
-    checkpoint = saved_checkpoint(tiny, tmp_path / "target")
-    target = load_model.verifier(f"hf:{checkpoint}")
-    assert target == {"name_or_path": checkpoint, "architectures": ["LlamaForCausalLM"]}
+@pytest.mark.parametrize("registered_as", ["tiny-random-llama", "hf:PATH"])
+def test_the_tiny_models_vllm_export_loads_in_speculators_with_equal_logits(tiny, trained, tmp_path, registered_as):
+    """speculators loads the verifier an export names, so the registry's random model must name a
+    saved checkpoint (with the same weights), not a hub id that does not exist."""
+    if registered_as == TINY:
+        target = load_model.verifier(TINY)
+        saved = AutoModelForCausalLM.from_pretrained(target["name_or_path"]).state_dict()
+        assert all(torch.equal(saved[name], value) for name, value in tiny.model.state_dict().items())
+    else:
+        checkpoint = saved_checkpoint(tiny, tmp_path / "target")
+        target = load_model.verifier(f"hf:{checkpoint}")
+        assert target["name_or_path"] == checkpoint
+    assert target["architectures"] == ["LlamaForCausalLM"] and Path(target["name_or_path"], "config.json").is_file()
     out = export(trained[0], tmp_path / "head", "vllm", target["name_or_path"],
                  architectures=target["architectures"], num_layers=tiny.model.config.num_hidden_layers)
     verifier = json.loads((out / "config.json").read_text())["speculators_config"]["verifier"]

@@ -1,6 +1,6 @@
 """A store in an S3 bucket, end to end: a real S3 endpoint (moto's server on 127.0.0.1), the smoke
-pipeline run the way a user runs it (`layerwave run --store s3://…`), and everything it makes
-landing in the bucket, not on the worker's disk."""
+pipeline run the way a user runs it (`layerwave run --store s3://…`, one head: every stage still
+writes to the bucket), and everything it makes landing in the bucket, not on the worker's disk."""
 
 from __future__ import annotations
 
@@ -62,7 +62,8 @@ def objects(fs, prefix: str) -> dict[str, str]:
 def finished(bucket, prefect_api, tmp_path_factory):
     env, fs = bucket
     workdir = tmp_path_factory.mktemp("s3-run")
-    done = run(cli_argv("run", {"model": TINY, "preset": "smoke", "store": STORE, "json": workdir / "run.json"}),
+    done = run(cli_argv("run", {"model": TINY, "preset": "smoke", "limit": 1, "store": STORE,
+                                "json": workdir / "run.json"}),
                prefect_api, env=env, cwd=workdir)
     assert done.returncode == 0, done.stderr[-3000:]
     return workdir, json.loads((workdir / "run.json").read_text())
@@ -77,8 +78,8 @@ def test_store_heads_evaluations_and_report_land_in_the_bucket(bucket, finished)
                                                 "endpoint_url": env["AWS_ENDPOINT_URL"]})
     assert activations.sizes["token"] == 3000 and activations.attrs["complete"]
     heads = objects(fs, f"{BUCKET}/layerwave.heads/{TINY}/smoke")
-    assert len([p for p in heads if p.endswith("/model.safetensors")]) == 3
-    assert len([p for p in heads if p.endswith("/evaluation/mt-bench.json")]) == 3
+    assert len([p for p in heads if p.endswith("/model.safetensors")]) == 1  # --limit 1: the EAGLE-3 default's
+    assert len([p for p in heads if p.endswith("/evaluation/mt-bench.json")]) == 1
     assert not [p for p in heads if "checkpoint" in p or p.endswith(".tmp")]
     reports = f"{BUCKET}/layerwave.reports/{TINY}"
     assert summary["report"] == f"s3://{reports}/report.md"
@@ -92,7 +93,8 @@ def test_store_heads_evaluations_and_report_land_in_the_bucket(bucket, finished)
 def test_a_second_run_skips_every_stage(bucket, finished, prefect_api, tmp_path):
     env, fs = bucket
     made = {prefix: objects(fs, f"{BUCKET}/layerwave.{prefix}") for prefix in ("zarr", "heads", "corpora")}
-    again = run(cli_argv("run", {"model": TINY, "preset": "smoke", "store": STORE, "json": tmp_path / "again.json"}),
+    again = run(cli_argv("run", {"model": TINY, "preset": "smoke", "limit": 1, "store": STORE,
+                                 "json": tmp_path / "again.json"}),
                 prefect_api, env=env, cwd=tmp_path)
     assert again.returncode == 0, again.stderr[-3000:]
     assert all(row["reused"] for row in json.loads((tmp_path / "again.json").read_text())["evaluated"])

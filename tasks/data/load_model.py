@@ -94,11 +94,12 @@ def load(model: str, device: str = "auto", dtype: str = "auto") -> LoadedModel:
 
 def verifier(model: str) -> dict:
     """The target as a serving runtime names it in an exported head: its Hugging Face id (the
-    registry's `hf_id`), else the local checkpoint path; and its architectures, from its config."""
+    registry's `hf_id`), else a local checkpoint path that loads (a random model is saved once for
+    this); and its architectures, from its config."""
     spec = resolve(model)
-    if spec.source == "random":
-        return {"name_or_path": spec.options.get("hf_id", spec.key), "architectures": ["LlamaForCausalLM"]}
-    path = os.path.abspath(spec.options["path"]) if spec.source == "hf" else str(gguf_checkpoint(spec))
+    local = {"hf": lambda: os.path.abspath(spec.options["path"]), "gguf": lambda: str(gguf_checkpoint(spec)),
+             "random": lambda: str(random_checkpoint(spec))}
+    path = local[spec.source]()
     config = AutoConfig.from_pretrained(path)
     return {"name_or_path": spec.options.get("hf_id", path),
             "architectures": list(config.architectures or [MODEL_FOR_CAUSAL_LM_MAPPING_NAMES[config.model_type]])}
@@ -147,7 +148,7 @@ def gguf_checkpoint(spec: ModelSpec) -> Path:
     """The dequantized safetensors checkpoint of a GGUF model, building it on first use."""
     version = _gguf_provenance(spec)["package_version"]
     target = cache_dir() / f"{spec.key}-{version}"
-    if (target / "config.json").is_file() and (target / "model.safetensors").is_file():
+    if _saved(target):
         return target
     source = gguf_file(spec)
     log.info("dequantizing %s once into %s (about 30 s)", source.name, target)
@@ -156,13 +157,37 @@ def gguf_checkpoint(spec: ModelSpec) -> Path:
     fresh.load_state_dict(gguf_model.state_dict())
     tokenizer = AutoTokenizer.from_pretrained(source.parent, gguf_file=source.name)
     chat_format(tokenizer, fresh, spec)
+    return _save_checkpoint(fresh, tokenizer, target)
+
+
+def random_checkpoint(spec: ModelSpec) -> Path:
+    """A registry random model saved as a plain checkpoint, once: what an exported head names as
+    its verifier, so a runtime (speculators, vLLM) loads it without asking the hub. Its weights
+    depend on torch's generator, hence the version in the name."""
+    target = cache_dir() / f"{spec.key}-seed{spec.options['seed']}-torch{torch.__version__}"
+    if _saved(target):
+        return target
+    return _save_checkpoint(*random_model(spec), target)
+
+
+def _save_checkpoint(net, tokenizer, target: Path) -> Path:
+    """Save into a staging folder renamed into place: a killed save never leaves a half cache, and
+    of two processes saving at once (parallel tests, two workers) the first rename wins."""
     target.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
-    fresh.save_pretrained(staging)
+    net.save_pretrained(staging)
     tokenizer.save_pretrained(staging)
-    shutil.rmtree(target, ignore_errors=True)
-    staging.rename(target)  # atomic: a killed conversion never leaves a half cache
+    try:
+        staging.rename(target)
+    except OSError:
+        shutil.rmtree(staging, ignore_errors=True)
+        if not _saved(target):
+            raise
     return target
+
+
+def _saved(target: Path) -> bool:
+    return (target / "config.json").is_file() and (target / "model.safetensors").is_file()
 
 
 def chat_format(tokenizer, net, spec: ModelSpec) -> None:

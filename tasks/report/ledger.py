@@ -1,7 +1,7 @@
 """The study's ledger: one small record per trained head, published beside the report.
 
 A study takes hours of CPU and is spread over runs on machines that keep nothing in between
-(fresh sessions, CI): the store and the heads are gone, only what was committed stays. The
+(a fresh machine, CI): the store and the heads are gone, only what was committed stays. The
 ledger is what is committed of each head: the key of its inputs (tasks/heads/train.py:
 training_key), its τ_offline and its benchmark scores with their keys. A later run that would
 train a head under the same key takes its scores from the ledger instead, and its report counts

@@ -56,8 +56,8 @@ def report_task(store: str, model_key: str, preset: str, sets: list[list[int]] |
     correlation = correlations(rows, benches, SCORES + (("screening_tau_offline",) if screening else ()))
     folder = Workspace(store).reports(model_key)
     corpus = activations.attrs["corpus"]
-    facts = {"model": model_key, "store": store, "preset": preset,
-             "training corpus": corpus["spec"], "training tokens": corpus["tokens"], "documents": corpus["documents"],
+    facts = {"model": model_key, "store": seen_from_the_run(store, store), "preset": preset,
+             "training corpus": seen_from_the_run(corpus["spec"], store), "training tokens": corpus["tokens"], "documents": corpus["documents"],
              "target replies": replies_summary(corpus["spec"]),
              "seeds": ", ".join(map(str, p.seeds)), "benchmarks": ", ".join(benches),
              "prompts per benchmark": p.prompts, "max new tokens": p.max_new_tokens, "draft depth": p.depth,
@@ -106,6 +106,17 @@ def screening_scores(records: list[dict]) -> dict[tuple, dict[int, dict]]:
         if record["round"] == "screening":
             scores.setdefault(tuple(record["layers"]), {})[record["seed"]] = record["tau_offline"]
     return scores
+
+
+def seen_from_the_run(spec: str, store: str) -> str:
+    """A path (or a corpus spec holding one) as the folder that holds the store sees it: a
+    published report names no folder of the machine that ran it."""
+    kind, colon, path = spec.partition(":") if spec.startswith(("regen:", "jsonl:")) else ("", "", spec)
+    if not Path(path).is_absolute():
+        return spec
+    run = Path(store).absolute().parent
+    seen = Path(path).relative_to(run) if Path(path).is_relative_to(run) else Path(path).name
+    return f"{kind}{colon}{seen}"
 
 
 def report_plots(store: str, model_key: str, folder: UPath, rows: list[dict], benches: list[str],

@@ -1,0 +1,57 @@
+"""A busy machine is not an error. A new user has no Prefect server: the first command starts
+Prefect's embedded one, which must come up while other jobs hold every core; when it cannot, the
+command says so in one line, with the fix, and changes nothing."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import zarr
+
+from flows import EPHEMERAL_STARTUP_TIMEOUT
+from tests.conftest import TINY
+from tests.processes import cli_argv, error_line
+
+REPO = Path(__file__).parents[1]
+
+
+def new_users_env(prefect_home: Path, **extra: str) -> dict:
+    """No server to talk to and an empty PREFECT_HOME: the embedded server starts from scratch."""
+    env = {k: v for k, v in os.environ.items() if k not in ("PREFECT_API_URL", EPHEMERAL_STARTUP_TIMEOUT)}
+    return {**env, "PREFECT_HOME": str(prefect_home), **extra}
+
+
+@pytest.fixture
+def cpu_hogs():
+    """A busy loop per core (beside the other tests' own work), stopped by PID whatever the test does."""
+    hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(os.cpu_count() or 2)]
+    yield len(hogs)
+    for hog in hogs:
+        hog.kill()
+        hog.wait()
+
+
+def extraction(store: Path) -> list[str]:
+    return cli_argv("extract", {"model": TINY, "corpus": "mt-bench", "tokens": 300, "store": store, "device": "cpu"})
+
+
+def test_a_command_on_the_embedded_server_succeeds_while_every_core_is_busy(tmp_path, cpu_hogs):
+    store = tmp_path / "store.zarr"
+    done = subprocess.run(extraction(store), env=new_users_env(tmp_path / "prefect"), cwd=REPO,
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr
+    assert zarr.open_group(store, path=f"{TINY}/activations", mode="r").attrs["complete"] is True
+
+
+def test_a_server_that_does_not_start_in_time_is_one_line_and_changes_nothing(tmp_path):
+    store = tmp_path / "store.zarr"
+    env = new_users_env(tmp_path / "prefect", **{EPHEMERAL_STARTUP_TIMEOUT: "0"})
+    done = subprocess.run(extraction(store), env=env, cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 1
+    line = error_line(done.stderr)
+    assert "did not start within 0 s" in line and EPHEMERAL_STARTUP_TIMEOUT in line and "PREFECT_API_URL" in line
+    assert not store.exists()
