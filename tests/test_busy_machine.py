@@ -27,8 +27,11 @@ def new_users_env(prefect_home: Path, **extra: str) -> dict:
 
 @pytest.fixture
 def cpu_hogs():
-    """A busy loop per core (beside the other tests' own work), stopped by PID whatever the test does."""
-    hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(os.cpu_count() or 2)]
+    """Busy loops that, with the other tests running beside this one, keep every core taken;
+    stopped by PID whatever the test does."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    count = max(1, (os.cpu_count() or 2) - workers + 1)
+    hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(count)]
     yield len(hogs)
     for hog in hogs:
         hog.kill()

@@ -30,7 +30,7 @@ def test_training_killed_after_a_checkpoint_resumes_to_the_same_head(training_st
     and ends with exactly the weights of the same command run uninterrupted (threads: conftest.py)."""
     def train_argv(out):
         return cli_argv("train", {"model": TINY, "store": training_store, "layers": ",".join(map(str, LAYERS)),
-                                  "preset": "smoke", "epochs": 4, "out": out}) + ["--keep-checkpoint"]  # to compare
+                                  "preset": "smoke", "epochs": 2, "out": out}) + ["--keep-checkpoint"]  # to compare
 
     uninterrupted = run(train_argv(tmp_path / "uninterrupted"), prefect_api)
     assert uninterrupted.returncode == 0, uninterrupted.stderr

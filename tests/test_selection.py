@@ -106,5 +106,7 @@ def test_select_cli_json_and_bad_input(planted_store, tmp_path, capsys):
     refused(["--model", "planted", "--store", planted_store, "--k", "9"], "k=9 layers at least 1 apart do not fit")
     refused(["--model", "planted", "--store", planted_store, "--methods", "magic"], "unknown selection method")
     refused(["--model", "other", "--store", planted_store], "no analysis for other")
+    refused(["--model", "planted", "--store", planted_store, "--filter", "quantile-ge-0.9"],
+            "no analysis with token filter quantile-ge-0.9 for planted; it has ")
     with pytest.raises(LayerwaveError, match="run `layerwave analyze"):
         select(model="nothing", store=planted_store)

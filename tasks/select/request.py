@@ -55,8 +55,8 @@ class SelectRequest:
         key = store_key(self.model)
         filters = analysis_filters(self.store, key)
         if self.filter_key not in filters:
-            raise LayerwaveError(f"no analysis with token filter {self.filter_key} for {key}; have "
-                                 f"{', '.join(filters)}")
+            raise LayerwaveError(f"no analysis with token filter {self.filter_key} for {key}; it has "
+                                 f"{', '.join(filters)}: pass --filter with one of them")
         methods = list(self.methods or METHODS)
         check_methods(methods)
         constraints = Constraints(self.k, self.low, self.high, self.min_gap)
