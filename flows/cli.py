@@ -221,7 +221,7 @@ def _run_generate(args) -> dict:
 
 def _verify_parser(sub) -> None:
     p = sub.add_parser("verify", help="check a store: checksums, NaN/inf, consistency, missing shards")
-    p.add_argument("--store", default=DEFAULT_STORE)
+    p.add_argument("--store", default=DEFAULT_STORE, help="Zarr store directory or fsspec URL (default: %(default)s)")
     p.add_argument("--model", help="one model's group (default: every model in the store)")
     p.add_argument("--repair", action="store_true", help="un-commit damaged shards so `extract` rewrites them")
 
@@ -256,10 +256,11 @@ def _run_models(args) -> dict:
 
 def _models_parser(sub) -> None:
     p = sub.add_parser("models", help="list the registered models, or add one (emits a Prefect event)")
-    p.add_argument("action", nargs="?", choices=["list", "add"], default="list")
+    p.add_argument("action", nargs="?", choices=["list", "add"], default="list",
+                   help="list the registry (default), or add a model")
     p.add_argument("name", nargs="?", help="for add: the id to register (names the store group)")
     p.add_argument("--source", help="for add: hf:PATH, a Hugging Face checkpoint directory")
-    p.add_argument("--description")
+    p.add_argument("--description", help="for add: one line shown by `layerwave models`")
 
 
 def _pipeline_parser(sub) -> None:
@@ -270,13 +271,13 @@ def _pipeline_parser(sub) -> None:
     add_options(p, RunRequest)
     p.add_argument("--json", help="write the run summary to this file")
     s = sub.add_parser("sweep", help="run the pipeline for every registered model without a complete result")
-    s.add_argument("--preset", default="quick")
-    s.add_argument("--store")
+    s.add_argument("--preset", default="quick", help="pipeline preset for every model (default: %(default)s)")
+    s.add_argument("--store", help="Zarr store directory or fsspec URL (default: the preset's)")
     s.add_argument("--model", action="append", help="only these models (repeatable)")
     r = sub.add_parser("report", help="regenerate a model's Markdown report from the store and evaluations")
-    r.add_argument("--model", default=DEFAULT_MODEL)
-    r.add_argument("--preset", default="quick")
-    r.add_argument("--store")
+    r.add_argument("--model", default=DEFAULT_MODEL, help="registry id or hf:PATH (default: %(default)s)")
+    r.add_argument("--preset", default="quick", help="the pipeline preset that made the run (default: %(default)s)")
+    r.add_argument("--store", help="Zarr store directory or fsspec URL (default: the preset's)")
     r.add_argument("--json", help="write the result rows and rank correlations to this file")
 
 

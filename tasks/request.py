@@ -39,6 +39,8 @@ def add_options(parser: argparse.ArgumentParser, request_type: type) -> None:
         if not meta.pop("cli", True) or flag in parser._option_string_actions:
             continue
         meta["default"] = meta.pop("cli_default", spec.default)
+        if meta["default"] is not None and meta["default"] is not False and "default" not in meta["help"]:
+            meta["help"] += " (default: %(default)s)"
         kind = str(spec.type).removesuffix(" | None")
         if kind == "bool":
             meta.setdefault("action", "store_true" if spec.default is False else argparse.BooleanOptionalAction)
