@@ -31,6 +31,7 @@ def extract(
     device: str = "auto",
     dtype: str = "auto",
     storage_dtype: str = "auto",
+    layers: list[int] | None = None,
     topk: int = 20,
     tokens_per_chunk: int | None = None,
     chunks_per_shard: int | None = None,
@@ -39,12 +40,12 @@ def extract(
     workers: int = 1,
     part: str | None = None,
 ) -> dict:
-    """Write the hidden states of every layer of `model` over `corpus` into `store` (or, with
-    `part` "i/n", the i-th of n interleaved subsets of its shards)."""
+    """Write the hidden states of every layer of `model` (or only `layers`: a training store) over
+    `corpus` into `store` (or, with `part` "i/n", the i-th of n interleaved subsets of its shards)."""
     logger = get_run_logger()
     extraction = checked(ExtractRequest(model, corpus, tokens, store, max_length, seed, device, dtype, storage_dtype,
-                                        topk, tokens_per_chunk, chunks_per_shard, batch_tokens, overwrite, workers,
-                                        part))
+                                        layers, topk, tokens_per_chunk, chunks_per_shard, batch_tokens, overwrite,
+                                        workers, part))
     request, (index, count) = extraction.request, extraction.part
     with writer_lock(store, extraction.model_key, (index, count)):
         with setup_lock(store, extraction.model_key):

@@ -33,6 +33,11 @@ class Layout:
     tokens_per_chunk: int
     chunks_per_shard: int
     storage_dtype: str
+    layers: list[int] | None = None  # HF indices of the stored entries (a training store); None: all, 0..N
+
+    @property
+    def stored_layers(self) -> list[int]:
+        return list(self.layers) if self.layers is not None else list(range(self.n_layers))
 
     @property
     def shard_tokens(self) -> int:
@@ -47,7 +52,11 @@ class Layout:
         return start, min(start + self.shard_tokens, self.n_tokens)
 
     def as_attrs(self) -> dict:
-        return asdict(self)
+        """An all-layer store's attributes stay as they were before `layers` existed."""
+        attrs = asdict(self)
+        if self.layers is None:
+            del attrs["layers"]
+        return attrs
 
 
 def auto_chunking(n_layers: int, hidden_size: int, itemsize: int = 2) -> tuple[int, int]:
@@ -104,7 +113,7 @@ def create_template(group: zarr.Group, layout: Layout, per_token: dict[str, np.n
         )
         array[:] = values
     group.create_array(schema.LAYER, shape=(layout.n_layers,), chunks=(layout.n_layers,), dtype="int32",
-                       dimension_names=[schema.LAYER])[:] = np.arange(layout.n_layers, dtype=np.int32)
+                       dimension_names=[schema.LAYER])[:] = np.asarray(layout.stored_layers, dtype=np.int32)
     group.create_array(schema.TOKEN, shape=(layout.n_tokens,), chunks=token_chunks, dtype="int64",
                        dimension_names=[schema.TOKEN])[:] = np.arange(layout.n_tokens, dtype=np.int64)
     group.create_array(

@@ -67,8 +67,8 @@ def _token_problems(group: zarr.Group, layout: Layout, key: str) -> list[str]:
             problems.append(f"{key}: {name} has shape {group[name].shape}, expected ({layout.n_tokens},)")
     if problems:
         return problems
-    if not np.array_equal(group[schema.LAYER][:], np.arange(layout.n_layers)):
-        problems.append(f"{key}: the layer coordinate is not 0..{layout.n_layers - 1}")
+    if not np.array_equal(group[schema.LAYER][:], layout.stored_layers):
+        problems.append(f"{key}: the layer coordinate is not {layout.stored_layers}")
     if not np.array_equal(group[schema.TOKEN][:], np.arange(layout.n_tokens)):
         problems.append(f"{key}: the token coordinate is not 0..{layout.n_tokens - 1}")
     doc, position = group[schema.DOC][:], group[schema.POSITION][:]

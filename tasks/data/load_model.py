@@ -92,6 +92,18 @@ def load(model: str, device: str = "auto", dtype: str = "auto") -> LoadedModel:
     return LoadedModel(net, tokenizer, torch_device, provenance)
 
 
+def num_hidden_layers(model: str) -> int:
+    """N, the model's decoder layers, from its config alone (no weights loaded)."""
+    spec = resolve(model)
+    if spec.source == "random":
+        return int(spec.options["num_hidden_layers"])
+    path = spec.options["path"] if spec.source == "hf" else str(gguf_checkpoint(spec))
+    try:
+        return int(AutoConfig.from_pretrained(path).num_hidden_layers)
+    except (OSError, ValueError) as err:
+        raise LayerwaveError(f"cannot read the config of {model}: {str(err).splitlines()[0]}") from None
+
+
 def verifier(model: str) -> dict:
     """The target as a serving runtime names it in an exported head: its Hugging Face id (the
     registry's `hf_id`), else a local checkpoint path that loads (a random model is saved once for

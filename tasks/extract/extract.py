@@ -31,7 +31,7 @@ def prepare_store(request: ExtractRequest) -> dict:
     """Tokenize, plan shards and write the template, or find the matching one of an earlier run."""
     loaded = load_model.load(request.model, request.device, request.dtype)
     conversations = load_corpus(request.corpus)
-    n_layers = loaded.num_layers + 1
+    n_layers = len(request.layers) if request.layers is not None else loaded.num_layers + 1
     default_chunk, default_shard = auto_chunking(n_layers, loaded.hidden_size)
     tokens_per_chunk = request.tokens_per_chunk or default_chunk
     chunks_per_shard = request.chunks_per_shard or default_shard
@@ -41,6 +41,8 @@ def prepare_store(request: ExtractRequest) -> dict:
     identity = {k: v for k, v in asdict(request).items()
                 if k not in ("store", "device", "batch_tokens", "overwrite", "tokens_per_chunk", "chunks_per_shard",
                              "workers", "part")}
+    if request.layers is None:  # an all-layer store keeps the identity it had before `layers` existed
+        del identity["layers"]
     identity.update(provenance=loaded.provenance, tokens_per_chunk=tokens_per_chunk, chunks_per_shard=chunks_per_shard)
     wanted_hash = plan_hash(plan, identity)
 
@@ -61,7 +63,7 @@ def prepare_store(request: ExtractRequest) -> dict:
         storage_dtype = choose_storage_dtype(request.storage_dtype, loaded.model.dtype, probe_peak)
         layout = Layout(n_layers=n_layers, n_tokens=plan.n_tokens, hidden_size=loaded.hidden_size,
                         topk=request.topk, tokens_per_chunk=tokens_per_chunk, chunks_per_shard=chunks_per_shard,
-                        storage_dtype=storage_dtype)
+                        storage_dtype=storage_dtype, layers=request.layers)
         batch_tokens = request.batch_tokens or auto_batch_tokens(
             loaded.device, n_layers, loaded.hidden_size, loaded.model.config.vocab_size)
         group = root.require_group(key).create_group(paths.ACTIVATIONS)
@@ -78,6 +80,7 @@ def prepare_store(request: ExtractRequest) -> dict:
                        "max_length": request.max_length, "documents": int(len(plan.source_record)),
                        "tokens": plan.n_tokens, "sha256": plan.digest()},
             "extraction": {"topk": request.topk, "batch_tokens": batch_tokens, "dtype": request.dtype,
+                           "layers": request.layers or "all",
                            "storage_dtype_requested": request.storage_dtype, "probe_peak_abs": probe_peak},
             "layout": layout.as_attrs(),
             "complete": False,
@@ -104,7 +107,7 @@ def _probe_peak(loaded, plan: TokenPlan, request: ExtractRequest) -> float:
     if request.storage_dtype != "auto" or loaded.model.dtype != load_model.DTYPES["float32"]:
         return 0.0
     stop = min(documents_in(plan.doc)[0][1], 512)
-    outputs = forward_shard(loaded.model, loaded.device, plan.token_id[:stop], [(0, stop)], stop, 1)
+    outputs = forward_shard(loaded.model, loaded.device, plan.token_id[:stop], [(0, stop)], stop, 1, request.layers)
     encode(outputs.hidden, "float32")  # refuses NaN/inf before anything is written
     return float(outputs.hidden.abs().max())
 
@@ -143,7 +146,7 @@ def extract_shard(store: str, key: str, shard: int, device: str = "auto") -> dic
     documents = documents_in(group[schema.DOC][start:stop])
     try:
         outputs = forward_shard(loaded.model, loaded.device, token_id, documents, extraction["batch_tokens"],
-                                layout.topk)
+                                layout.topk, layout.layers)
         hidden = encode(outputs.hidden, layout.storage_dtype)
     except LayerwaveError as err:
         raise LayerwaveError(f"shard {shard}: {err}") from None

@@ -76,11 +76,13 @@ def padded_batch(token_id: np.ndarray, group: list[tuple[int, int]]) -> tuple[to
 
 
 @torch.inference_mode()
-def forward_shard(model, device: torch.device, token_id: np.ndarray, documents, batch_tokens: int, topk: int) -> ShardOutputs:
-    """Run the model over a shard's documents (offsets into `token_id`) and gather its outputs."""
+def forward_shard(model, device: torch.device, token_id: np.ndarray, documents, batch_tokens: int, topk: int,
+                  layers: list[int] | None = None) -> ShardOutputs:
+    """Run the model over a shard's documents (offsets into `token_id`) and gather its outputs:
+    the hidden states of `layers` (HF indices; None: every one)."""
     n_tokens = len(token_id)
-    n_layers = model.config.num_hidden_layers + 1
-    hidden = torch.empty((n_layers, n_tokens, model.config.hidden_size), dtype=torch.float32)
+    kept = layers if layers is not None else list(range(model.config.num_hidden_layers + 1))
+    hidden = torch.empty((len(kept), n_tokens, model.config.hidden_size), dtype=torch.float32)
     entropy = np.empty(n_tokens, dtype=np.float32)
     topk_ids = np.empty((n_tokens, topk), dtype=np.int32)
     topk_logprobs = np.empty((n_tokens, topk), dtype=np.float32)
@@ -89,8 +91,8 @@ def forward_shard(model, device: torch.device, token_id: np.ndarray, documents, 
         out = model(input_ids=input_ids.to(device), attention_mask=attention.to(device), output_hidden_states=True)
         for row, (start, stop) in enumerate(group):
             n = stop - start
-            for layer, states in enumerate(out.hidden_states):
-                hidden[layer, start:stop] = states[row, :n].float().cpu()
+            for slot, layer in enumerate(kept):
+                hidden[slot, start:stop] = out.hidden_states[layer][row, :n].float().cpu()
             row_entropy, values, indices = next_token_labels(out.logits[row, :n], topk)
             entropy[start:stop] = row_entropy.cpu().numpy()
             topk_ids[start:stop] = indices.cpu().numpy()

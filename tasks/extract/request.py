@@ -13,6 +13,7 @@ from store.errors import LayerwaveError
 from store.lock import WHOLE
 from tasks.names import DEFAULT_MODEL, DEFAULT_STORE
 from tasks.request import option
+from tasks.select.layer_ids import parse_stored_layers
 
 
 @dataclass(frozen=True)
@@ -30,6 +31,9 @@ class ExtractRequest:
     dtype: str = option("auto", "compute dtype: auto (the checkpoint's), float32, float16, bfloat16")
     storage_dtype: str = option("auto", "auto (lossless for 16-bit models, else float16 when in range), float16, "
                                 "bfloat16, float32")
+    layers: list[int] | None = option(None, "HF hidden-state indices to store, e.g. 2,15,27: a training store of "
+                                      "the layers heads read; all (the default) keeps every one, as analysis "
+                                      "needs", type=parse_stored_layers)
     topk: int = option(20, "target top-k next-token labels kept per token")
     tokens_per_chunk: int | None = option(None, "default: ~1 MiB chunks")
     chunks_per_shard: int | None = option(None, "default: ~128 MiB shards")
@@ -54,6 +58,7 @@ class ExtractRequest:
         from tasks.data.corpus import load_corpus
         from tasks.data.regen_corpus import generator_key
         from tasks.data.registry import resolve
+        from tasks.select.layer_ids import check_layers
 
         for name in ("tokens", "topk", "workers", "tokens_per_chunk", "chunks_per_shard", "batch_tokens"):
             value = getattr(self, name)
@@ -66,6 +71,11 @@ class ExtractRequest:
         load_model.pick_dtype(self.dtype)
         choose_storage_dtype(self.storage_dtype, load_model.DTYPES["float32"], 0.0)
         refuse_if_busy(self.store, spec.key, part)
+        if self.layers is not None:
+            check_layers(self.layers, load_model.num_hidden_layers(self.model) + 1, f"model {spec.key}")
+            if list(self.layers) != sorted(self.layers):
+                raise LayerwaveError(f"--layers {','.join(map(str, self.layers))}: give them in increasing order, "
+                                     f"e.g. {','.join(map(str, sorted(self.layers)))} (a head reads any order)")
         load_corpus(self.corpus)
         generator = generator_key(self.corpus)
         if generator is not None and generator != spec.key:

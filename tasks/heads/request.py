@@ -14,7 +14,7 @@ from store.errors import LayerwaveError
 from store.paths import Workspace
 from tasks.names import DEFAULT_MODEL, DEFAULT_STORE
 from tasks.request import option
-from tasks.select.layer_ids import check_layers, eagle3_default, parse_layers
+from tasks.select.layer_ids import check_layers, check_stored, eagle3_default, parse_layers
 
 if TYPE_CHECKING:
     from tasks.heads.train_head import TrainConfig
@@ -63,8 +63,10 @@ class TrainRequest:
             if name not in ds:
                 raise LayerwaveError(f"store {self.store} has no {name} for {model_key} (labels draft training "
                                      "needs); re-extract with this layerwave")
-        n = ds.sizes["layer"] - 1
+        partial = ds.attrs["layout"].get("layers") is not None  # a training store: N from the model
+        n = ds.attrs["model"]["num_hidden_layers"] if partial else ds.sizes["layer"] - 1
         layers = check_layers(self.layers if self.layers is not None else eagle3_default(n) or [], n + 1)
+        check_stored(layers, ds.layer.values.tolist(), self.store, model_key)
         recipe = {"warm_start": self.warm_start, "freeze_lm_head": self.freeze_lm_head,
                   "lm_head_lr_scale": self.lm_head_lr_scale}  # None keeps the preset's
         config = preset(self.preset_name, seed=self.seed, ttt_steps=self.ttt_steps, epochs=self.epochs, **recipe)

@@ -18,6 +18,7 @@ from store import paths, schema
 from store.dtypes import decode
 from store.layout import Layout
 from tasks.extract.plan import documents_in
+from tasks.select.layer_ids import check_stored
 
 
 @dataclass
@@ -55,6 +56,9 @@ class StoreBatches:
         self.group = zarr.open_group(store, path=paths.activations(model_key), mode="r", use_consolidated=False)
         self.layout = Layout(**self.group.attrs["layout"])
         self.layers, self.seq_len, self.batch_size, self.seed = list(layers), seq_len, batch_size, seed
+        stored = self.layout.stored_layers  # a training store keeps only some layers: find each by its HF index
+        check_stored(self.layers, stored, store, model_key)
+        self.slots = [stored.index(layer) for layer in self.layers]
         self.doc = self.group[schema.DOC][:]  # read once: every epoch's plan splits it again
         self.loss_mask = self.group[schema.LOSS_MASK][:]
         self.n_docs = int(self.doc.max()) + 1 if len(self.doc) else 0
@@ -114,7 +118,7 @@ class StoreBatches:
         start, stop = self.layout.shard_range(shard)
         hidden = self.group[schema.HIDDEN_STATES]
         # one read per layer, in the order asked (a head reads exactly the layers it was built for)
-        aux = np.concatenate([decode(hidden[layer, start:stop]) for layer in self.layers], axis=-1)
+        aux = np.concatenate([decode(hidden[slot, start:stop]) for slot in self.slots], axis=-1)
         return {"aux": aux, "token_id": self.group[schema.TOKEN_ID][start:stop],
                 "position": self.group[schema.POSITION][start:stop],
                 "loss_mask": self.group[schema.LOSS_MASK][start:stop],

@@ -29,6 +29,9 @@ from tasks.stats.token_filter import TokenFilter, check_enough
 def token_masks(store: str, model_key: str, filters: list[TokenFilter]) -> tuple[dict[str, np.ndarray], dict]:
     """Each filter's mask over the stored tokens, refusing filters that keep too few."""
     ds = open_activations(store, model_key)
+    if ds.attrs["layout"].get("layers") is not None:
+        raise LayerwaveError(f"store {store} holds only layers {ds.layer.values.tolist()} of {model_key} (a training "
+                             "store); analysis needs every layer: extract into another --store with --layers all")
     entropy, position = ds.entropy.values, ds.position.values
     masks = {f.key: f.mask(entropy, position) for f in filters}
     check_enough(masks, len(entropy))
