@@ -21,6 +21,7 @@ from tasks.decode.stopwatch import NO_STOPWATCH, Stopwatch
 from tasks.decode.tree_decode import DraftTree, draft_tree, tree_round
 from tasks.decode.tree_shape import TreeShape
 from tasks.heads.draft_head import DraftHead
+from tasks.precision import bf16_native
 
 
 class HeadDrafter:
@@ -74,8 +75,7 @@ def for_drafting(head: DraftHead, device: torch.device) -> DraftHead:
     instructions, where a draft step reads half the bytes and runs on faster kernels: the draft
     lm_head's product measured 1.8 → 0.3 ms on this project's CPU), else as trained. Only the
     drafts change, never the output: the target verifies every token in its own precision."""
-    native = device.type == "cuda" or (device.type == "cpu" and torch.ops.mkldnn._is_mkldnn_bf16_supported())
-    return head.to(torch.bfloat16) if native else head
+    return head.to(torch.bfloat16) if bf16_native(device) else head
 
 
 def accept_greedy(target_logits: torch.Tensor, drafts: list[int]) -> list[int]:

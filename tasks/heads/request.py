@@ -14,6 +14,7 @@ from store.errors import LayerwaveError
 from store.paths import Workspace
 from tasks.names import DEFAULT_MODEL, DEFAULT_STORE
 from tasks.request import option
+from tasks.precision import resolve_precision
 from tasks.select.layer_ids import check_layers, check_stored, eagle3_default, parse_layers
 
 if TYPE_CHECKING:
@@ -46,6 +47,8 @@ class TrainRequest:
                                         "checkpoint path)")
     keep_checkpoint: bool = option(False, "keep checkpoint.pt (optimizer state) once the head is finished; an "
                                           "unfinished run always keeps it, so a killed run resumes")
+    precision: str = option("auto", "float32, bfloat16 (autocast over float32 master weights, where the device "
+                                    "has it natively) or auto: bfloat16 where native, else float32")
 
     def check(self) -> Training:
         """Every mistake, before any training starts; opens the activations once and resolves
@@ -69,8 +72,9 @@ class TrainRequest:
         check_stored(layers, ds.layer.values.tolist(), self.store, model_key)
         recipe = {"warm_start": self.warm_start, "freeze_lm_head": self.freeze_lm_head,
                   "lm_head_lr_scale": self.lm_head_lr_scale}  # None keeps the preset's
-        config = preset(self.preset_name, seed=self.seed, ttt_steps=self.ttt_steps, epochs=self.epochs, **recipe)
-        load_model.pick_device(self.device)
+        device = load_model.pick_device(self.device)
+        config = preset(self.preset_name, seed=self.seed, ttt_steps=self.ttt_steps, epochs=self.epochs,
+                        precision=resolve_precision(self.precision, device), **recipe)
         to_runtime_ids(layers, self.fmt, n)  # a format the runtime can capture these layers for
         target = load_model.verifier(ds.attrs["model"].get("argument", self.model))
         return Training(self, model_key, layers, n, ds.attrs["plan_hash"], config,

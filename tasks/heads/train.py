@@ -4,6 +4,8 @@ checked request (tasks/heads/request.py).
 
 from __future__ import annotations
 
+from dataclasses import asdict
+
 from prefect import get_run_logger, task
 from prefect.artifacts import create_table_artifact
 from prefect.cache_policies import NO_CACHE
@@ -17,8 +19,12 @@ from tasks.stage_key import current_record, stage_key, write_record
 
 
 def training_key(training: Training) -> str:
-    """A head's inputs: the activations (by their plan hash), its layers, its recipe and its export."""
-    return stage_key(training.plan_hash, training.layers, training.config, training.request.fmt, training.verifier)
+    """A head's inputs: the activations (by their plan hash), its layers, its recipe and its export.
+    A float32 head keeps the key it had before the recipe named its precision."""
+    recipe = asdict(training.config)
+    if recipe["precision"] == "float32":
+        del recipe["precision"]
+    return stage_key(training.plan_hash, training.layers, recipe, training.request.fmt, training.verifier)
 
 
 @task(name="train-draft-head", cache_policy=NO_CACHE)

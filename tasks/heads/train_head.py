@@ -44,6 +44,7 @@ class TrainConfig:
     freeze_lm_head: bool = False  # keep the warm-started lm_head and final norm as the target's
     lm_head_lr_scale: float = 1.0  # their learning rate relative to the rest, when they train
     chain_depth: int = 4  # drafts per round in the offline τ recorded at each evaluation
+    precision: str = "float32"  # or bfloat16: autocast over float32 master weights (tasks/precision.py)
 
 
 PRESETS = {
@@ -173,8 +174,9 @@ def train(store: str, model_key: str, layers: list[int], out: Path, config: Trai
         for batch in data.batches(data.plan(epoch), skip=offset):
             for group in optimizer.param_groups:
                 group["lr"] = learning_rate(step, total, config) * group["scale"]
-            results = unroll(head, batch.to(device), index, config.ttt_steps)
-            loss = sum(w * r.loss for w, r in zip(weights, results))
+            with torch.autocast(device.type, torch.bfloat16, enabled=config.precision == "bfloat16"):
+                results = unroll(head, batch.to(device), index, config.ttt_steps)
+                loss = sum(w * r.loss for w, r in zip(weights, results))
             if not torch.isfinite(loss):
                 raise LayerwaveError(f"training loss became {loss.item()} at step {step}; the last good checkpoint "
                                      f"is {checkpoint if checkpoint.exists() else 'not written yet'}; lower the lr")
@@ -205,7 +207,8 @@ def train(store: str, model_key: str, layers: list[int], out: Path, config: Trai
     return head.cpu(), {"layers": layers, "model": model_key, "data_plan_hash": source, "config": asdict(config),
             "steps": step, "total_steps": total, "trainable_parameters": head.trainable_parameters(),
             "untrained": untrained, "history": history, "final": history[-1] if history else untrained,
-            "tokens_per_s": tokens / elapsed if elapsed > 0 else None, "finished": step >= total}
+            "token_passes": tokens, "tokens_per_s": tokens / elapsed if elapsed > 0 else None,
+            "finished": step >= total}
 
 
 def _save(path: Path, head, optimizer, step, history, untrained, layers, config, source) -> None:
