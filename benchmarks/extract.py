@@ -6,7 +6,9 @@
    output_hidden_states over exactly the same batches (goal >= 0.9x);
 2. bytes per token on disk vs raw float16 of all N+1 layers;
 3. writing the same hidden states as the store does (sharded Zarr) vs a per-sample
-   torch.save dump (what SpecForge/speculators write offline): seconds and bytes.
+   torch.save dump (what SpecForge/speculators write offline): seconds and bytes;
+4. the same extraction with the model in bfloat16 (`--dtype bfloat16`), and as a training store
+   of the EAGLE-3 default layers (`--layers`): tokens/s and hidden-state bytes per token.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from store.layout import Layout  # noqa: E402
 from tasks.data import load_model  # noqa: E402
 from tasks.extract.forward import batches, padded_batch  # noqa: E402
 from tasks.extract.plan import documents_in  # noqa: E402
+from tasks.select.layer_ids import eagle3_default  # noqa: E402
 
 
 def directory_bytes(path: Path) -> int:
@@ -83,6 +86,21 @@ def write_comparison(group: zarr.Group, layout: Layout, workdir: Path) -> dict:
             "torch_save_seconds": torch_seconds, "torch_save_bytes": directory_bytes(dump)}
 
 
+def variants(args, workdir: Path, n_layers: int) -> list[dict]:
+    """Extraction in float32 and bfloat16 compute, all layers and a training store, one after another."""
+    rows = []
+    for dtype, layers in (("float32", None), ("bfloat16", None), ("bfloat16", eagle3_default(n_layers))):
+        store = workdir / f"{dtype}-{'all' if layers is None else 'training'}.zarr"
+        summary = extract(model=args.model, corpus=args.corpus, tokens=args.tokens, store=str(store), dtype=dtype,
+                          layers=layers)
+        hidden = directory_bytes(store / summary["model_key"] / paths.ACTIVATIONS / schema.HIDDEN_STATES)
+        rows.append({"dtype": dtype, "layers": layers or "all", "tokens_per_s": summary["n_tokens"] / summary["seconds"],
+                     "hidden_bytes_per_token": hidden / summary["n_tokens"]})
+        print(f"compute {dtype}, layers {rows[-1]['layers']}: {rows[-1]['tokens_per_s']:.0f} tok/s, "
+              f"{rows[-1]['hidden_bytes_per_token']:.0f} B/token of hidden states", flush=True)
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="smollm2-135m")
@@ -107,6 +125,7 @@ def main() -> None:
         store_bytes = directory_bytes(store)
         raw_fp16_per_token = layout.n_layers * layout.hidden_size * 2
         writes = write_comparison(group, layout, workdir)
+        by_dtype = variants(args, workdir, layout.n_layers - 1)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
 
@@ -125,6 +144,9 @@ def main() -> None:
         "torch_save_write_mb_per_s": writes["torch_save_bytes"] / 2**20 / writes["torch_save_seconds"],
         "zarr_vs_torch_save_seconds": writes["zarr_seconds"] / writes["torch_save_seconds"],
         "zarr_vs_torch_save_bytes": writes["zarr_bytes"] / writes["torch_save_bytes"],
+        "variants": by_dtype,
+        "bfloat16_vs_float32_tokens_per_s": by_dtype[1]["tokens_per_s"] / by_dtype[0]["tokens_per_s"],
+        "training_store_vs_all_layers_bytes": by_dtype[2]["hidden_bytes_per_token"] / by_dtype[1]["hidden_bytes_per_token"],
     }
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=2) + "\n")

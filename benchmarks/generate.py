@@ -1,11 +1,14 @@
-"""Reply generation speed: batched (left padding, KV cache) against one prompt at a time, same run.
+"""Reply generation speed: batched (left padding, KV cache) against one prompt at a time, same run,
+in float32 and in bfloat16.
 
-    python benchmarks/generate.py [--prompts 32] [--max-new-tokens 128] [--batch-sizes 16,32]
-                                  [--out benchmarks/out/generate.json]
+    python benchmarks/generate.py [--prompts 32] [--max-new-tokens 128] [--batch-sizes 32]
+                                  [--dtypes float32,bfloat16] [--out benchmarks/out/generate.json]
 
 The same ShareGPT first turns are answered greedily by SmolLM2-135M with Hugging Face `generate`
-one prompt at a time (the baseline) and by `tasks.data.generate.generate_batch` in batches sorted by
-prompt length, as `layerwave generate` runs it. Prints reply tokens/s and the ratio; writes JSON.
+one prompt at a time in float32 (the baseline) and by `tasks.data.generate.generate_batch` in
+batches sorted by prompt length, as `layerwave generate` runs it, with the model in each dtype
+(`layerwave generate --dtype`). Prints reply tokens/s, the ratio to the baseline and how many
+replies equal the baseline's; writes JSON.
 """
 
 from __future__ import annotations
@@ -48,10 +51,11 @@ def main() -> None:
     parser.add_argument("--prompts", type=int, default=32)
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--max-prompt-tokens", type=int, default=1024)
-    parser.add_argument("--batch-sizes", default="16,32")
+    parser.add_argument("--batch-sizes", default="32")
+    parser.add_argument("--dtypes", default="float32,bfloat16")
     parser.add_argument("--out", default="benchmarks/out/generate.json")
     args = parser.parse_args()
-    loaded = load_model.load(args.model, "cpu", "auto")
+    loaded = load_model.load(args.model, "cpu", "float32")
     eos = loaded.tokenizer.eos_token_id
     pad = loaded.tokenizer.pad_token_id if loaded.tokenizer.pad_token_id is not None else eos
     prompts = sorted(prompts_of(loaded.tokenizer, args.prompts, args.max_prompt_tokens), key=len)
@@ -64,18 +68,21 @@ def main() -> None:
     single_rate = sum(map(len, single)) / single_s
     print(f"one prompt at a time: {sum(map(len, single))} reply tokens in {single_s:.1f}s, {single_rate:.1f} tokens/s")
     rows = []
-    for size in (int(s) for s in args.batch_sizes.split(",")):
+    for dtype, size in ((d, int(s)) for d in args.dtypes.split(",") for s in args.batch_sizes.split(",")):
+        model = load_model.load(args.model, "cpu", dtype).model
+        generate_batch(model, prompts[:2], 4, eos, pad, 0.0)  # warm-up, untimed
+
         def batched():
             return [r for i in range(0, len(prompts), size)
-                    for r in generate_batch(loaded.model, prompts[i: i + size], args.max_new_tokens, eos, pad, 0.0)]
+                    for r in generate_batch(model, prompts[i: i + size], args.max_new_tokens, eos, pad, 0.0)]
 
         replies, seconds = timed(batched)
         rate = sum(map(len, replies)) / seconds
         same = sum(a == b for a, b in zip(replies, single))
-        rows.append({"batch_size": size, "tokens": sum(map(len, replies)), "seconds": seconds, "tokens_per_s": rate,
-                     "ratio": rate / single_rate, "replies_identical_to_unbatched": same})
-        print(f"batch {size}: {rows[-1]['tokens']} reply tokens in {seconds:.1f}s, {rate:.1f} tokens/s, "
-              f"{rate / single_rate:.2f}x; {same}/{len(prompts)} replies identical to unbatched greedy")
+        rows.append({"dtype": dtype, "batch_size": size, "tokens": sum(map(len, replies)), "seconds": seconds,
+                     "tokens_per_s": rate, "ratio": rate / single_rate, "replies_identical_to_baseline": same})
+        print(f"{dtype}, batch {size}: {rows[-1]['tokens']} reply tokens in {seconds:.1f}s, {rate:.1f} tokens/s, "
+              f"{rate / single_rate:.2f}x; {same}/{len(prompts)} replies identical to float32 one at a time")
     result = {"model": args.model, "prompts": len(prompts), "max_new_tokens": args.max_new_tokens,
               "threads": torch.get_num_threads(), "baseline": {"tokens": sum(map(len, single)), "seconds": single_s,
                                                                "tokens_per_s": single_rate},

@@ -56,8 +56,8 @@ def extract(
                     key, plan["n_tokens"], plan["n_shards"], plan["committed"], len(pending),
                     f" as part {part}" if count > 1 else "", plan["storage_dtype"])
         if plan["n_tokens"] < tokens:
-            logger.warning("corpus %s runs out at %d tokens, fewer than --tokens %d (documents are cut at "
-                           "--max-length %d and where a shard ends): extracting those", corpus, plan["n_tokens"],
+            logger.warning("corpus %s runs out at %d tokens, fewer than --tokens %d (documents longer than "
+                           "--max-length %d or a shard are truncated): extracting those", corpus, plan["n_tokens"],
                            tokens, max_length)
         artifact = create_progress_artifact(progress=100.0 * plan["committed"] / plan["n_shards"],
                                             description=f"layerwave extract {key} → {store}")

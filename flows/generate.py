@@ -27,20 +27,21 @@ from tasks.request import checked
 @flow(name="layerwave-generate")
 def generate(model: str = DEFAULT_MODEL, source: str = "sharegpt", out: str | None = None, tokens: int = 20000,
              max_new_tokens: int = 256, max_prompt_tokens: int = 1024, turns: int = 3, temperature: float = 0.0,
-             seed: int = 0, batch_size: int = 32, shard_size: int = 64, device: str = "auto",
+             seed: int = 0, batch_size: int = 32, shard_size: int = 64, device: str = "auto", dtype: str = "auto",
              overwrite: bool = False, store: str = DEFAULT_STORE) -> dict:
     """`model` writes its own replies to `source`'s user turns into `out` (a regen:DIR corpus;
     default: beside `store`), until at least `tokens` reply tokens exist; greedy unless
     `temperature` > 0. The parameters are `GenerateRequest`'s fields."""
     logger = get_run_logger()
     request = checked(GenerateRequest(model, source, out, tokens, max_new_tokens, max_prompt_tokens, turns,
-                                      temperature, seed, batch_size, shard_size, device, overwrite, store))
+                                      temperature, seed, batch_size, shard_size, device, dtype, overwrite, store))
     out, key = request.out, resolve(model).key
     with writer_lock(out, key, WHOLE, activity="generation"):
-        loaded = load_model.load(model, device, "auto")
+        loaded = load_model.load(model, device, dtype)
         check_chat_template(loaded.tokenizer, model)
         conversations = load_corpus(source)
-        manifest = prepare(request, loaded.provenance, conversations)
+        compute_dtype = str(loaded.model.dtype).removeprefix("torch.")
+        manifest = prepare(request, {**loaded.provenance, "compute_dtype": compute_dtype}, conversations)
         if manifest["complete"]:
             logger.info("corpus %s is complete: %d reply tokens in %d shards", out, manifest["tokens"],
                         manifest["shards"])

@@ -74,7 +74,7 @@ def _token_problems(group: zarr.Group, layout: Layout, key: str) -> list[str]:
     doc, position = group[schema.DOC][:], group[schema.POSITION][:]
     starts = np.concatenate([[True], np.diff(doc) != 0])
     expected = np.arange(len(doc)) - np.maximum.accumulate(np.where(starts, np.arange(len(doc)), 0))
-    if np.any(np.diff(doc) < 0) or not np.array_equal(position, expected):
+    if np.any(np.diff(doc[doc >= 0]) < 0) or not np.array_equal(position, expected):
         problems.append(f"{key}: doc/position are inconsistent (documents must be contiguous, positions 0, 1, ...)")
     return problems
 
@@ -97,6 +97,8 @@ def extract_command(store: str, model_key: str) -> str:
                  "dtype": extraction["dtype"], "storage-dtype": extraction["storage_dtype_requested"],
                  "tokens-per-chunk": layout["tokens_per_chunk"], "chunks-per-shard": layout["chunks_per_shard"],
                  "store": store}
+    if layout.get("layers") is not None:  # a training store: the same layers again
+        arguments["layers"] = ",".join(map(str, layout["layers"]))
     return "layerwave extract " + " ".join(f"--{name} {shlex.quote(str(value))}" for name, value in arguments.items())
 
 

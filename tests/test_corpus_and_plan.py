@@ -10,7 +10,7 @@ import pytest
 from store.errors import LayerwaveError
 from tasks.data.corpus import _package_file, iter_json_array, load_corpus
 from tasks.data.render import render
-from tasks.extract.plan import documents_in, plan_tokens
+from tasks.extract.plan import PADDING, documents_in, plan_tokens
 
 
 def test_sharegpt_decodes_every_whole_record_of_the_truncated_file():
@@ -60,14 +60,26 @@ def _runs(mask):
     return list(zip(edges[::2], edges[1::2]))
 
 
-def test_plan_fills_the_budget_exactly_and_never_crosses_a_shard(tiny, corpus):
+def test_plan_fills_the_budget_with_whole_documents_and_pads_only_where_a_shard_ends(tiny, corpus):
     conversations = load_corpus(corpus)
     plan = plan_tokens(tiny.tokenizer, conversations, tokens=1000, max_length=90, shard_tokens=128, seed=3)
     assert plan.n_tokens == 1000
-    for start, stop in documents_in(plan.doc):
-        assert stop - start <= 90
+    documents = documents_in(plan.doc)
+    assert [int(plan.doc[start]) for start, _ in documents] == list(range(len(plan.source_record)))
+    for (start, stop), record in zip(documents, plan.source_record):
+        whole, mask = render(tiny.tokenizer, conversations[record])
+        np.testing.assert_array_equal(plan.token_id[start:stop], whole[:90])  # cut only at --max-length
+        np.testing.assert_array_equal(plan.loss_mask[start:stop], mask[:90])
         assert start // 128 == (stop - 1) // 128, "a document crosses a shard boundary"
         np.testing.assert_array_equal(plan.position[start:stop], np.arange(stop - start))
+    padding = plan.doc == PADDING
+    assert not plan.loss_mask[padding].any()
+    runs = np.flatnonzero(np.diff(np.concatenate([[0], padding.astype(int), [0]])))
+    starts = {start: stop for start, stop in documents}
+    for start, stop in zip(runs[::2], runs[1::2]):
+        assert stop % 128 == 0 or stop == plan.n_tokens, "padding that does not end a shard"
+        if stop in starts:  # the document after the padding waited: it did not fit the padded room
+            assert starts[stop] - stop > stop - start
     again = plan_tokens(tiny.tokenizer, conversations, tokens=1000, max_length=90, shard_tokens=128, seed=3)
     other = plan_tokens(tiny.tokenizer, conversations, tokens=1000, max_length=90, shard_tokens=128, seed=4)
     assert again.digest() == plan.digest() and other.digest() != plan.digest()

@@ -55,7 +55,7 @@ def test_replayed_tau_equals_real_decoding_on_the_same_prompts(studied):
     for bench in ("mt-bench", "sharegpt"):
         replies = open_existing(workspace.replay_store(TINY, bench), paths.activations(TINY))
         assert replies.attrs["complete"] and replies.attrs["corpus"]["spec"].startswith("regen:")
-        # stored whole, in one shard: extraction cuts a document where a shard ends
+        # stored whole, in one shard, with no padding
         conversations = read_generated(workspace.replay_corpus(TINY, bench))[0]
         assert replies["hidden_states"].shards[1] >= replies["token_id"].shape[0]
         assert np.bincount(replies["doc"][:]).tolist() == [len(conversations[record].token_ids)

@@ -14,6 +14,7 @@ import xarray as xr
 
 from flows.cli import main
 from flows.extract import extract
+from store.verify import extract_command, verify_model
 from tasks.heads.train_head import preset, train
 from tests.conftest import LAYERS, TINY, extract_options
 from tests.processes import error_line
@@ -44,6 +45,8 @@ def test_a_training_store_holds_the_same_states_of_fewer_layers(stores):
     for labels in ("token_id", "loss_mask", "entropy", "target_topk_ids", "target_topk_logprobs"):
         np.testing.assert_array_equal(some[labels].values, every[labels].values, err_msg=labels)
     assert disk_bytes(stores[1]) < 0.45 * disk_bytes(stores[0])  # 3 of 9 entries (compression varies by layer)
+    assert verify_model(str(stores[1]), TINY) == ([], [])
+    assert extract_command(str(stores[1]), TINY).endswith(" --layers 2,4,5")  # what `verify` says rewrites it
 
 
 def test_a_head_trained_on_a_training_store_equals_the_all_layer_stores(stores, tmp_path):

@@ -46,8 +46,10 @@ def check_chat_template(tokenizer, model: str) -> None:
 
 
 def identity(request: GenerateRequest) -> dict:
-    """What fixes each shard's content (the budget only says how many shards there are)."""
-    return {k: v for k, v in asdict(request).items() if k not in ("out", "store", "device", "overwrite", "tokens")}
+    """What fixes each shard's content (the budget only says how many shards there are); a corpus
+    in the checkpoint's own dtype keeps the identity it had before `dtype` existed."""
+    ignored = ("out", "store", "device", "overwrite", "tokens") + (("dtype",) if request.dtype == "auto" else ())
+    return {k: v for k, v in asdict(request).items() if k not in ignored}
 
 
 def source_order(n: int, seed: int) -> np.ndarray:
@@ -223,7 +225,7 @@ def generate_shard_task(request: GenerateRequest, shard: int, conversations: dic
                         progress=lambda tokens: None, beat=None) -> dict:
     """Generate shard `shard` from its `conversations` (by corpus index) and commit it; returns its
     reply counts (the replies stay on disk)."""
-    rows = generate_shard(load_model.load(request.model, request.device, "auto"), conversations, request, shard,
+    rows = generate_shard(load_model.load(request.model, request.device, request.dtype), conversations, request, shard,
                           progress, beat)
     write_shard(location(request.out), shard, rows)
     return {"shard": shard, **reply_stats(rows)}

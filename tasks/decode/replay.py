@@ -46,9 +46,8 @@ REPLAY_CHUNK_TOKENS = 512  # chunks of 0.5 to 8 MiB for widths 512 to 8192
 
 
 def whole_corpus(corpus: Path) -> dict:
-    """Extraction settings that store a generated corpus whole: every token, in one shard.
-    Extraction cuts a document where a shard ends, and a cut reply is not replayed: with the
-    default ~128 MiB shards, 4 of SmolLM2's 48 MT-Bench replies were lost that way."""
+    """Extraction settings that store a generated corpus whole: every token, in one shard (no
+    padding, and the layout replay stores have always had, so their stage keys hold)."""
     tokens = sum(len(conversation.token_ids) for conversation in read_generated(corpus)[0])
     return {"tokens": tokens, "tokens_per_chunk": REPLAY_CHUNK_TOKENS,
             "chunks_per_shard": -(-tokens // REPLAY_CHUNK_TOKENS)}

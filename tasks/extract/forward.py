@@ -79,13 +79,14 @@ def padded_batch(token_id: np.ndarray, group: list[tuple[int, int]]) -> tuple[to
 def forward_shard(model, device: torch.device, token_id: np.ndarray, documents, batch_tokens: int, topk: int,
                   layers: list[int] | None = None) -> ShardOutputs:
     """Run the model over a shard's documents (offsets into `token_id`) and gather its outputs:
-    the hidden states of `layers` (HF indices; None: every one)."""
+    the hidden states of `layers` (HF indices; None: every one). Positions outside every document
+    (padding) keep what the store's arrays are filled with: zeros, NaN entropy, no labels."""
     n_tokens = len(token_id)
     kept = layers if layers is not None else list(range(model.config.num_hidden_layers + 1))
-    hidden = torch.empty((len(kept), n_tokens, model.config.hidden_size), dtype=torch.float32)
-    entropy = np.empty(n_tokens, dtype=np.float32)
-    topk_ids = np.empty((n_tokens, topk), dtype=np.int32)
-    topk_logprobs = np.empty((n_tokens, topk), dtype=np.float32)
+    hidden = torch.zeros((len(kept), n_tokens, model.config.hidden_size), dtype=torch.float32)
+    entropy = np.full(n_tokens, np.nan, dtype=np.float32)
+    topk_ids = np.full((n_tokens, topk), -1, dtype=np.int32)
+    topk_logprobs = np.full((n_tokens, topk), np.nan, dtype=np.float32)
     for group in batches(documents, batch_tokens):
         input_ids, attention = padded_batch(token_id, group)
         out = model(input_ids=input_ids.to(device), attention_mask=attention.to(device), output_hidden_states=True)

@@ -32,8 +32,8 @@ def token_masks(store: str, model_key: str, filters: list[TokenFilter]) -> tuple
     if ds.attrs["layout"].get("layers") is not None:
         raise LayerwaveError(f"store {store} holds only layers {ds.layer.values.tolist()} of {model_key} (a training "
                              "store); analysis needs every layer: extract into another --store with --layers all")
-    entropy, position = ds.entropy.values, ds.position.values
-    masks = {f.key: f.mask(entropy, position) for f in filters}
+    entropy, position, doc = ds.entropy.values, ds.position.values, ds.doc.values
+    masks = {f.key: f.mask(entropy, position, doc) for f in filters}
     check_enough(masks, len(entropy))
     layout = ds.attrs["layout"]
     return masks, {"plan_hash": ds.attrs["plan_hash"], "n_layers": layout["n_layers"], "d": layout["hidden_size"]}

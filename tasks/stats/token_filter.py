@@ -30,8 +30,8 @@ class TokenFilter:
             name = "all"
         return name + ("-drop-first" if self.drop_first_token else "")
 
-    def mask(self, entropy: np.ndarray, position: np.ndarray) -> np.ndarray:
-        keep = np.ones(len(entropy), dtype=bool)
+    def mask(self, entropy: np.ndarray, position: np.ndarray, doc: np.ndarray) -> np.ndarray:
+        keep = doc >= 0  # padding at a shard's end is no token of any document
         if self.drop_first_token:
             keep &= position != 0
         threshold = self.threshold
