@@ -61,7 +61,7 @@ def summary(corpus: Rendered, kept: list[tuple], max_length: int, padding: int) 
     mask = {r: corpus[r].loss_mask for r, _ in kept}
     return {"documents": len(kept), "cut_short": len(cut),
             "cut_inside_a_reply": sum(bool(mask[r][n - 1] and mask[r][n:].any()) for r, n in cut),
-            "left_without_a_reply_token": sum(not mask[r][:n].any() and mask[r].any() for r, n in cut),
+            "left_without_a_reply_token": sum(bool(not mask[r][:n].any() and mask[r].any()) for r, n in cut),
             "loss_masked_tokens": int(sum(mask[r][:n].sum() for r, n in kept)), "padding_tokens": padding}
 
 
