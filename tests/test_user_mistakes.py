@@ -25,29 +25,30 @@ def refused(capsys, argv: list[str], expected: str) -> str:
     return line
 
 
-def corrupt_one_chunk(store: Path) -> None:
-    """Flip bytes in the middle of the largest hidden-states chunk file: its crc32c no longer matches."""
-    chunk = max((p for p in (store / TINY / "activations" / "hidden_states").rglob("*") if p.is_file()),
-                key=lambda p: p.stat().st_size)
-    data = bytearray(chunk.read_bytes())
-    middle = len(data) // 2
-    data[middle: middle + 16] = bytes(255 - b for b in data[middle: middle + 16])
-    chunk.write_bytes(bytes(data))
+def corrupt_chunks(store: Path) -> None:
+    """Flip bytes at tenths of every hidden-states shard file: the chunks they fall in, of several
+    layers in every shard, no longer match their crc32c (whatever shards and layers a command reads)."""
+    for shard in (p for p in (store / TINY / "activations" / "hidden_states" / "c").rglob("*") if p.is_file()):
+        data = bytearray(shard.read_bytes())
+        for tenth in range(1, 10):
+            at = len(data) * tenth // 10
+            data[at: at + 16] = bytes(255 - b for b in data[at: at + 16])
+        shard.write_bytes(bytes(data))
 
 
 def test_a_damaged_chunk_met_by_train_is_one_line(capsys, tmp_path, training_store):
     store = tmp_path / "damaged.zarr"
     shutil.copytree(training_store, store)
-    corrupt_one_chunk(store)
-    line = refused(capsys, ["train", "--model", TINY, "--store", str(store), "--layers", "2,4,6", "--preset", "smoke",
-                            "--out", str(tmp_path / "head")], f"{TINY}: hidden_states shard ")
+    corrupt_chunks(store)
+    line = refused(capsys, ["train", "--model", TINY, "--store", str(store), "--layers", "1,2,3,4,5,6,7", "--preset",
+                            "smoke", "--out", str(tmp_path / "head")], f"{TINY}: hidden_states shard ")
     assert "is damaged (its checksum does not match)" in line and f"layerwave verify --store {store} --repair" in line
 
 
 def test_a_damaged_chunk_met_by_analyze_is_one_line(capsys, tmp_path, corpus):
     store = tmp_path / "damaged.zarr"
     extract(**extract_options(store, corpus, tokens=300))
-    corrupt_one_chunk(store)
+    corrupt_chunks(store)
     refused(capsys, ["analyze", "--model", TINY, "--store", str(store)], f"{TINY}: hidden_states shard ")
 
 
