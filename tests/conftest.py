@@ -8,8 +8,10 @@ import json
 import os
 import shutil
 import tempfile
+from pathlib import Path
 
 import pytest
+from filelock import FileLock
 
 # Isolate Prefect and the model cache before prefect is imported anywhere.
 _SESSION_DIR = tempfile.mkdtemp(prefix="layerwave-tests-")
@@ -86,24 +88,48 @@ def extracted(tmp_path_factory, corpus, prefect_api):
     return str(store), summary
 
 
+def built_once(tmp_path_factory, name: str, build) -> Path:
+    """`build(folder)` once per test run: under pytest-xdist the first worker to ask builds it (a
+    file lock keeps the others waiting) and every worker reads the same folder, which tests only
+    read. Without xdist, a folder of this run's own."""
+    if "PYTEST_XDIST_WORKER" not in os.environ:
+        folder = tmp_path_factory.mktemp(name)
+        build(folder)
+        return folder
+    folder = tmp_path_factory.getbasetemp().parent / name  # shared by this run's workers
+    with FileLock(f"{folder}.lock"):
+        if not (folder / ".built").exists():
+            shutil.rmtree(folder, ignore_errors=True)
+            folder.mkdir()
+            build(folder)
+            (folder / ".built").touch()
+    return folder
+
+
 @pytest.fixture(scope="session")
 def training_store(tmp_path_factory, prefect_api) -> str:
     """A tiny-model store of 12,000 ShareGPT tokens: enough documents for draft training."""
     from flows.extract import extract
 
-    store = tmp_path_factory.mktemp("train") / "store.zarr"
-    extract(**extract_options(store, "sharegpt", tokens=12000, tokens_per_chunk=256, chunks_per_shard=4))
-    return str(store)
+    def build(folder):
+        extract(**extract_options(folder / "store.zarr", "sharegpt", tokens=12000, tokens_per_chunk=256,
+                                  chunks_per_shard=4))
+    return str(built_once(tmp_path_factory, "train", build) / "store.zarr")
 
 
 @pytest.fixture(scope="session")
 def trained(training_store, tmp_path_factory):
     """A smoke-trained head on LAYERS: (head, training record, checkpoint dir)."""
+    import torch
+
     from tasks.heads.train_head import preset, train
 
-    out = tmp_path_factory.mktemp("head")
-    head, record = train(training_store, TINY, LAYERS, out, preset("smoke"))
-    return head, record, out
+    def build(folder):
+        (folder / "head").mkdir()
+        torch.save(train(training_store, TINY, LAYERS, folder / "head", preset("smoke")), folder / "trained.pt")
+    folder = built_once(tmp_path_factory, "head", build)
+    head, record = torch.load(folder / "trained.pt", weights_only=False)
+    return head, record, folder / "head"
 
 
 GENERATION = dict(model=TINY, source="sharegpt", tokens=1200, max_new_tokens=24, batch_size=16, shard_size=16,

@@ -55,7 +55,7 @@ def test_deployment_run_completes_and_its_store_opens(server, tmp_path):
     env, _ = server
     store = tmp_path / "deployed.zarr"
     done = prefect(env, "deployment", "run", PIPELINE, "--param", f"model={TINY}", "--param", "preset=smoke",
-                   "--param", f"store={store}", "--watch", "--watch-timeout", "900")
+                   "--param", "limit=1", "--param", f"store={store}", "--watch", "--watch-timeout", "900")
     assert done.returncode == 0 and "Completed" in done.stdout, done.stdout[-2000:] + done.stderr[-2000:]
     assert xr.open_zarr(store, group=f"{TINY}/activations").sizes["layer"] == 9
     assert "layerwave report" in (tmp_path / "deployed.reports" / TINY / "report.md").read_text()

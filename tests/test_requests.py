@@ -52,15 +52,16 @@ def counting_checks(monkeypatch, request_type) -> list:
 def test_layerwave_train_checks_its_request_once(training_store, tmp_path, monkeypatch):
     made = counting_checks(monkeypatch, TrainRequest)
     out = tmp_path / "head"
-    assert main(["train", "--model", TINY, "--store", training_store, "--preset", "smoke", "--out", str(out)]) == 0
+    assert main(["train", "--model", TINY, "--store", training_store, "--preset", "smoke", "--epochs", "1",
+                 "--out", str(out)]) == 0
     assert len(made) == 1 and made[0].layers is None  # the default set is resolved by the check, once
     assert (out / "model.safetensors").is_file()
 
 
 def test_layerwave_evaluate_checks_its_request_once(training_store, tmp_path, monkeypatch):
     out = tmp_path / "head"
-    assert main(["train", "--model", TINY, "--store", training_store, "--preset", "smoke", "--out", str(out),
-                 "--layers", ",".join(map(str, LAYERS))]) == 0
+    assert main(["train", "--model", TINY, "--store", training_store, "--preset", "smoke", "--epochs", "1",
+                 "--out", str(out), "--layers", ",".join(map(str, LAYERS))]) == 0
     made = counting_checks(monkeypatch, EvaluateRequest)
     assert main(["evaluate", "--model", TINY, "--head", str(out), "--limit", "1", "--max-new-tokens", "6",
                  "--json", str(tmp_path / "result.json")]) == 0
