@@ -20,6 +20,12 @@ from store.access import open_existing
 from store.artefacts import read_json, write_json
 
 
+def without_later_defaults(record: dict, later: dict) -> dict:
+    """`record` without the fields added after its kind of key was first published, where they hold
+    the value everything had implicitly before: older stores, corpora and heads keep their keys."""
+    return {name: value for name, value in record.items() if name not in later or value != later[name]}
+
+
 def stage_key(*parts) -> str:
     return hashlib.sha256(json.dumps([_plain(p) for p in parts], sort_keys=True, default=str).encode()).hexdigest()[:32]
 

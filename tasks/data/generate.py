@@ -35,6 +35,7 @@ from tasks.data.corpus import Conversation
 from tasks.data.generate_request import GenerateRequest
 from tasks.data.regen_corpus import FORMAT, MANIFEST, read_manifest, shard_path
 from tasks.data.render import render
+from tasks.stage_key import without_later_defaults
 
 STAT_NAMES = ("tokens", "replies", "finished_replies", "roundtrip_exact")  # a shard's reply counts
 
@@ -46,10 +47,9 @@ def check_chat_template(tokenizer, model: str) -> None:
 
 
 def identity(request: GenerateRequest) -> dict:
-    """What fixes each shard's content (the budget only says how many shards there are); a corpus
-    in the checkpoint's own dtype keeps the identity it had before `dtype` existed."""
-    ignored = ("out", "store", "device", "overwrite", "tokens") + (("dtype",) if request.dtype == "auto" else ())
-    return {k: v for k, v in asdict(request).items() if k not in ignored}
+    """What fixes each shard's content (the budget only says how many shards there are)."""
+    ignored = ("out", "store", "device", "overwrite", "tokens")
+    return without_later_defaults({k: v for k, v in asdict(request).items() if k not in ignored}, {"dtype": "auto"})
 
 
 def source_order(n: int, seed: int) -> np.ndarray:

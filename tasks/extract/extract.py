@@ -24,6 +24,7 @@ from tasks.data.corpus import load_corpus
 from tasks.extract.forward import auto_batch_tokens, forward_shard
 from tasks.extract.plan import TokenPlan, documents_in, plan_hash, plan_tokens
 from tasks.extract.request import ExtractRequest
+from tasks.stage_key import without_later_defaults
 
 
 @task(name="prepare-store", cache_policy=NO_CACHE)
@@ -41,8 +42,7 @@ def prepare_store(request: ExtractRequest) -> dict:
     identity = {k: v for k, v in asdict(request).items()
                 if k not in ("store", "device", "batch_tokens", "overwrite", "tokens_per_chunk", "chunks_per_shard",
                              "workers", "part")}
-    if request.layers is None:  # an all-layer store keeps the identity it had before `layers` existed
-        del identity["layers"]
+    identity = without_later_defaults(identity, {"layers": None})  # all layers: what every store once held
     identity.update(provenance=loaded.provenance, tokens_per_chunk=tokens_per_chunk, chunks_per_shard=chunks_per_shard)
     wanted_hash = plan_hash(plan, identity)
 

@@ -15,15 +15,12 @@ from tasks.data import load_model
 from tasks.heads.export_head import export
 from tasks.heads.request import Training
 from tasks.heads.train_head import train
-from tasks.stage_key import current_record, stage_key, write_record
+from tasks.stage_key import current_record, stage_key, without_later_defaults, write_record
 
 
 def training_key(training: Training) -> str:
-    """A head's inputs: the activations (by their plan hash), its layers, its recipe and its export.
-    A float32 head keeps the key it had before the recipe named its precision."""
-    recipe = asdict(training.config)
-    if recipe["precision"] == "float32":
-        del recipe["precision"]
+    """A head's inputs: the activations (by their plan hash), its layers, its recipe and its export."""
+    recipe = without_later_defaults(asdict(training.config), {"precision": "float32"})
     return stage_key(training.plan_hash, training.layers, recipe, training.request.fmt, training.verifier)
 
 
