@@ -274,6 +274,7 @@ def _pipeline_parser(sub) -> None:
     s.add_argument("--preset", default="quick", help="pipeline preset for every model (default: %(default)s)")
     s.add_argument("--store", help="Zarr store directory or fsspec URL (default: the preset's)")
     s.add_argument("--model", action="append", help="only these models (repeatable)")
+    s.add_argument("--limit", type=int, help="train and evaluate at most this many candidate sets per model")
     r = sub.add_parser("report", help="regenerate a model's Markdown report from the store and evaluations")
     r.add_argument("--model", default=DEFAULT_MODEL, help="registry id or hf:PATH (default: %(default)s)")
     r.add_argument("--preset", default="quick", help="the pipeline preset that made the run (default: %(default)s)")
@@ -297,7 +298,7 @@ def _run_sweep(args) -> dict:
     _configure_logging()
     from flows.sweep import sweep
 
-    summary = sweep(preset=args.preset, store=args.store, models=args.model)
+    summary = sweep(preset=args.preset, store=args.store, models=args.model, limit=args.limit)
     print(f"ran: {', '.join(summary['ran']) or 'nothing (every model is complete)'}")
     return summary
 

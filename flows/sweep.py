@@ -6,25 +6,26 @@ from prefect import flow, get_run_logger
 
 from flows.pipeline import pipeline
 from store.errors import LayerwaveError
-from tasks.data.registry import registry, resolve
-from tasks.pipeline_presets import preset_store
+from tasks.data.registry import registry
+from tasks.pipeline_request import RunRequest
 from tasks.pipeline_stages import is_complete
 
 
 @flow(name="layerwave-sweep")
-def sweep(preset: str = "quick", store: str | None = None, models: list[str] | None = None) -> dict:
-    """Run the pipeline for every registered model (or those named) without a complete result."""
+def sweep(preset: str = "quick", store: str | None = None, models: list[str] | None = None,
+          limit: int | None = None) -> dict:
+    """Run the pipeline for every registered model (or those named) without a complete result;
+    `limit` caps each model's candidate sets, as `layerwave run --limit` does."""
     logger = get_run_logger()
-    store = preset_store(preset, store)
     names = list(models) if models else sorted(registry())
-    keys = {name: resolve(name).key for name in names}  # an unknown name fails before any run
-    missing = [name for name in names if not is_complete(store, keys[name], preset)]
+    runs = {name: RunRequest(name, preset, store, limit).check() for name in names}  # mistakes fail before any run
+    missing = [name for name, run in runs.items() if not is_complete(run.store, run.model_key, preset)]
     if not missing:
         logger.info("nothing to do: every model (%s) has a complete %s result", ", ".join(names), preset)
     failed = []
     for name in missing:  # one model's failure does not stop the others
         logger.info("running the %s pipeline for %s", preset, name)
-        if pipeline(model=name, preset=preset, store=store, return_state=True).is_failed():
+        if pipeline(model=name, preset=preset, store=runs[name].store, limit=limit, return_state=True).is_failed():
             failed.append(name)
     if failed:
         raise LayerwaveError(f"the {preset} pipeline failed for {', '.join(failed)} (see their flow runs)")

@@ -60,6 +60,8 @@ CASES = {
         "SGLang cannot capture the embedding output"),
     "train a layer no runtime captures": (lambda w: ["train", "--model", TINY, "--store", w["store"], "--layers",
                                                      "2,4,8"], "vllm cannot capture HF index 8"),
+    "sweep --limit 0": (lambda w: ["sweep", "--preset", "smoke", "--store", w["store"], "--model", TINY, "--limit", "0"],
+                        "--limit must be at least 1 (got 0)"),
     "select before analyze": (lambda w: ["select", "--model", TINY, "--store", w["store"]], "no analysis for"),
     "evaluate --depth 0": (lambda w: ["evaluate", "--model", TINY, "--head", w["head"], "--depth", "0"],
                            "--depth must be at least 1"),

@@ -18,7 +18,7 @@ from tasks.data.generate import Heartbeat
 from tasks.data.regen_corpus import GeneratedConversation, committed_shards, read_generated, repeated_share
 from tasks.decode.spec_decode import plain_generate
 from tests.conftest import GENERATION, TINY, saved_checkpoint
-from tests.processes import cli_argv, error_line, run, start, wait_until
+from tests.processes import cli_argv, start, wait_until
 
 SMALL = dict(GENERATION, tokens=300, max_new_tokens=12, batch_size=4, shard_size=4)
 
@@ -85,14 +85,13 @@ def test_bad_generation_requests_are_one_line(tmp_path, tiny, prefect_api, capsy
     (tmp_path / "plain" / "tokenizer_config.json").write_text(json.dumps(config))
     for template in (tmp_path / "plain").glob("chat_template.*"):
         template.unlink()
-    result = run(cli_argv("generate", {**SMALL, "model": f"hf:{plain}", "out": tmp_path / "p"}), prefect_api)
-    assert result.returncode == 2
-    assert "has no chat template" in error_line(result.stderr)
+    refused(["--model", f"hf:{plain}", "--out", str(tmp_path / "p"), "--tokens", "300"], "has no chat template")
 
     small = regen_spec(tmp_path, SMALL)
-    extracted_by_another = run(cli_argv("extract", {"model": f"hf:{plain}", "corpus": small,
-                                                    "store": tmp_path / "s.zarr", "tokens": 100}), prefect_api)
-    assert "holds tiny-random-llama's own replies" in error_line(extracted_by_another.stderr)
+    capsys.readouterr()
+    assert main(["extract", "--model", f"hf:{plain}", "--corpus", small, "--store", str(tmp_path / "s.zarr"),
+                 "--tokens", "100"]) == 2
+    assert "holds tiny-random-llama's own replies" in capsys.readouterr().err
     refused(["--out", small[6:], "--max-new-tokens", "5"], "holds a corpus generated with other settings")
     manifest = Path(small[6:]) / "manifest.json"
     manifest.write_text(json.dumps({**json.loads(manifest.read_text()), "complete": False}))

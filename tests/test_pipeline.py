@@ -78,9 +78,10 @@ def test_sweep_runs_only_models_without_a_complete_result(finished, tiny, tmp_pa
     store, _ = finished
     monkeypatch.setenv("LAYERWAVE_REGISTRY", str(tmp_path / "models.toml"))
     add_model("tiny-copy", f"hf:{saved_checkpoint(tiny, tmp_path / 'checkpoint')}")
-    first = sweep(preset="smoke", store=store, models=[TINY, "tiny-copy"])
+    first = sweep(preset="smoke", store=store, models=[TINY, "tiny-copy"], limit=1)
     assert first == {"ran": ["tiny-copy"], "complete": [TINY]}
     assert xr.open_zarr(store, group="tiny-copy/activations").attrs["model"]["source"] == "hf"
+    assert len(list(Workspace(store).beside("heads").glob("tiny-copy/**/model.safetensors"))) == 1  # --limit 1
     assert sweep(preset="smoke", store=store, models=[TINY, "tiny-copy"])["ran"] == []
 
 
