@@ -32,7 +32,7 @@ def test_loss_falls_and_held_out_accuracy_rises_well_above_untrained(trained):
 
 
 def test_resume_from_a_checkpoint_continues_identically(training_store, tmp_path):
-    config = replace(preset("smoke"), epochs=2, eval_every=5)
+    config = replace(preset("smoke"), epochs=1, eval_every=5)
     straight, _ = train(training_store, TINY, LAYERS, tmp_path / "straight", config)
     _, halfway = train(training_store, TINY, LAYERS, tmp_path / "resumed", config, stop_after=7)
     assert halfway["steps"] == 7 and not halfway["finished"]

@@ -58,6 +58,7 @@ class SecondGuessHead:
 
     def __init__(self, target, first_token: int, misleads=lambda context: True):
         self.target, self.first, self.misleads = target, first_token, misleads
+        self.truths: dict[tuple[int, ...], int] = {}  # the target's greedy next token, by context
         self.vocab = target.config.vocab_size
         self.config = SimpleNamespace(vocab_size=self.vocab, draft_vocab_size=self.vocab)
         self.d2t = torch.zeros(self.vocab, dtype=torch.long)
@@ -76,7 +77,9 @@ class SecondGuessHead:
         rows = torch.full((hidden.shape[0], 1, self.vocab), -30.0)
         for row, context in zip(rows, hidden[:, -1]):
             context = [self.first, *context.tolist()]
-            truth = plain_generate(self.target, context, 1, None).tokens[0]
+            if tuple(context) not in self.truths:
+                self.truths[tuple(context)] = plain_generate(self.target, context, 1, None).tokens[0]
+            truth = self.truths[tuple(context)]
             wrong = (truth + 1) % self.vocab
             row[0, [wrong, truth] if self.misleads(context) else [truth, wrong]] = torch.tensor([0.6, 0.4]).log()
         return rows
@@ -92,8 +95,10 @@ here).
     depth, rounds = 3, 4
     budget = 1 + rounds * (depth + 1)
     for prompt in prompts(tiny):
+        head = SecondGuessHead(tiny.model, prompt[0], misleads=lambda context: len(context) % 2 == 0)
+
         def drafter():
-            return HeadDrafter(SecondGuessHead(tiny.model, prompt[0], misleads=lambda context: len(context) % 2 == 0))
+            return HeadDrafter(head)
 
         plain = plain_generate(tiny.model, prompt, budget, None).tokens
         chain = speculative_generate(tiny.model, LAYERS, drafter(), prompt, budget, depth, None)

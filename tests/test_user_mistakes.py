@@ -64,13 +64,6 @@ def test_an_empty_layer_entry_is_a_typo_not_a_shorter_set(capsys, training_store
                      "--out", str(tmp_path / "head")], "'2,,5' is not a comma-separated list of layer indices")
 
 
-def test_an_unreachable_dask_scheduler_is_one_line(capsys, tmp_path, corpus):
-    store = tmp_path / "s.zarr"
-    extract(**extract_options(store, corpus, tokens=300))
-    refused(capsys, ["analyze", "--model", TINY, "--store", str(store), "--dask-address", "tcp://127.0.0.1:9"],
-            "cannot reach a Dask scheduler at --dask-address tcp://127.0.0.1:9")
-
-
 def test_a_prompt_only_corpus_cannot_train_and_a_budget_beyond_the_corpus_is_stated(capsys, caplog, tmp_path):
     store, summary = tmp_path / "prompts.zarr", tmp_path / "summary.json"
     argv = ["extract", "--json", str(summary)]

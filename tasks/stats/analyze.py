@@ -5,7 +5,9 @@ the out-of-core Dask statistics pass, the measures, the plots, and the summary i
 from __future__ import annotations
 
 import contextlib
+import socket
 import time
+from urllib.parse import urlsplit
 
 import numpy as np
 from prefect import get_run_logger, task
@@ -72,11 +74,20 @@ def _dask_client(address: str | None):
     from distributed import Client
 
     try:
+        _connect_once(address)
         return Client(address, timeout="10s")
     except (OSError, TimeoutError) as err:
         raise LayerwaveError(f"cannot reach a Dask scheduler at --dask-address {address} ({err}); start one "
                              "(`dask scheduler`, then `dask worker ADDRESS`) or leave --dask-address out to "
                              "compute locally") from None
+
+
+def _connect_once(address: str) -> None:
+    """Raise at once where nothing listens: a refused TCP address fails in milliseconds, where
+    Dask's Client would keep retrying until its timeout."""
+    parts = urlsplit(address if "://" in address else f"tcp://{address}")
+    if parts.scheme == "tcp" and parts.hostname and parts.port:
+        socket.create_connection((parts.hostname, parts.port), timeout=10).close()
 
 
 @task(name="compute-measures", cache_policy=NO_CACHE)
