@@ -145,13 +145,14 @@ def regen(tmp_path_factory, prefect_api):
     from flows.generate import generate
     from flows.train import train_head
 
-    folder = tmp_path_factory.mktemp("regen")
-    corpus = generate(out=str(folder / "corpus"), **GENERATION)["corpus"]
-    store = str(folder / "store.zarr")
-    extract(**extract_options(store, corpus, tokens=100_000, storage_dtype="float32", tokens_per_chunk=256))
-    head = str(folder / "head")
-    train_head(model=TINY, store=store, layers=LAYERS, out=head, preset_name="smoke", epochs=2, warm_start=True)
-    return store, corpus, head
+    def build(folder):
+        corpus = generate(out=str(folder / "corpus"), **GENERATION)["corpus"]
+        extract(**extract_options(folder / "store.zarr", corpus, tokens=100_000, storage_dtype="float32",
+                                  tokens_per_chunk=256))
+        train_head(model=TINY, store=str(folder / "store.zarr"), layers=LAYERS, out=str(folder / "head"),
+                   preset_name="smoke", epochs=2, warm_start=True)
+    folder = built_once(tmp_path_factory, "regen", build)
+    return str(folder / "store.zarr"), f"regen:{folder / 'corpus'}", str(folder / "head")
 
 
 def saved_checkpoint(tiny, folder) -> str:
