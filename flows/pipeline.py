@@ -1,9 +1,11 @@
 """The whole question for one model as one Prefect flow.
 
-    generate → extract → statistics → selection → [screening] → for each seed: (for each set: train → score) → report
+    generate → extract → statistics → selection → [training store] → [screening]
+             → for each seed: (for each set: train → score) → report
 
 The study preset screens every candidate at a short budget first (flows/study.py) and scores its
-finalists along replayed target replies (tasks/decode/replay.py). Every stage is idempotent:
+finalists along replayed target replies (tasks/decode/replay.py). A preset with `training_tokens`
+trains heads on a store of only the candidates' layers over that budget. Every stage is idempotent:
 extraction by its shard commit markers, the others by the stage key of their inputs stored beside
 their outputs (tasks/stage_key.py), so a finished model re-runs with no stage work and a failed or
 deleted stage re-runs alone.
@@ -26,7 +28,7 @@ from store.paths import Workspace
 from tasks.names import DEFAULT_MODEL
 from tasks.pipeline_presets import REFERENCE_FILTER
 from tasks.pipeline_request import PipelineResult, Run, RunRequest
-from tasks.pipeline_stages import SOURCE, by_priority, extraction_current
+from tasks.pipeline_stages import SOURCE, by_priority, extraction_current, training_layers
 from tasks.progress import stage_line
 from tasks.request import checked
 
@@ -47,6 +49,8 @@ def pipeline(model: str = DEFAULT_MODEL, preset: str = "quick", store: str | Non
     logger.info(stage_line("select", "candidate layer sets"))
     candidates = select(model=model, store=store, filter_key=REFERENCE_FILTER.key, n_random=p.n_random)
     chosen = by_priority(candidates)[: limit or p.candidates]
+    if p.training_tokens:
+        extract_training_store(run, training_layers(candidates, p))
     if p.screen_epochs:
         chosen = screen(run, chosen)
     if p.replay:
@@ -66,7 +70,7 @@ def extract_once(run: Run) -> None:
     writes its own replies when the pipeline generates its corpus."""
     p, store, key, model = run.preset, run.store, run.model_key, run.request.model
     generated = run.request.corpus is None and p.generate_tokens
-    if extraction_current(store, key, model, p, run.corpus):
+    if extraction_current(store, key, model, run.corpus, p.tokens, p.max_length):
         get_run_logger().info(stage_line("extract", f"{key} in {store} is complete"))
         return
     get_run_logger().info(stage_line("extract", ("the target writes its replies, then " if generated else "")
@@ -76,3 +80,16 @@ def extract_once(run: Run) -> None:
                  max_new_tokens=p.generate_max_new_tokens, turns=p.generate_turns,
                  max_prompt_tokens=p.generate_max_prompt_tokens)
     extract(model=model, corpus=run.corpus, tokens=p.tokens, max_length=p.max_length, store=store)
+
+
+def extract_training_store(run: Run, layers: list[int]) -> None:
+    """The candidates' layers over the preset's training budget of the same corpus, unless the
+    training store already holds them; it is remade when the candidates read other layers."""
+    p, key, model, store = run.preset, run.model_key, run.request.model, run.training_store
+    if extraction_current(store, key, model, run.corpus, p.training_tokens, p.max_length, layers):
+        get_run_logger().info(stage_line("extract", f"the training store {store} is complete"))
+        return
+    get_run_logger().info(stage_line("extract", f"layers {layers} over {p.training_tokens} tokens into {store}, "
+                                                "for training"))
+    extract(model=model, corpus=run.corpus, tokens=p.training_tokens, max_length=p.max_length, store=store,
+            layers=layers, overwrite=True)

@@ -85,6 +85,10 @@ class Workspace:
         """Where `layerwave train` puts a head when no --out is given."""
         return self.beside("heads") / model_key / layer_set(layers)
 
+    def training_store(self) -> str:
+        """The pipeline's training store: the candidates' layers only, beside the all-layer store."""
+        return str(self.beside("training.zarr"))
+
     def reports(self, model_key: str) -> UPath:
         return self.beside("reports") / model_key
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from store.errors import LayerwaveError
+from store.paths import Workspace
 from tasks.names import DEFAULT_STORE
 from tasks.stats.token_filter import TokenFilter
 
@@ -50,13 +51,21 @@ class PipelinePreset:
     # τ of the benchmarks replayed along the target's own greedy replies, generated once per model
     # (tasks/decode/replay.py), instead of real decoding per head: no speed-up, but every prompt for every head.
     replay: bool = False
+    # Heads train on a store of only the candidates' layers (their union) over this many tokens of the
+    # same corpus: a larger budget than the all-layer analysis store's at a fraction of its bytes per
+    # token. None: heads train on the analysis store.
+    training_tokens: int | None = None
+
+    def training_store(self, store: str) -> str:
+        """The store heads train on: the training store beside `store`, or `store` itself."""
+        return Workspace(store).training_store() if self.training_tokens else store
 
 
 PIPELINE_PRESETS = {
     "smoke": PipelinePreset(
         store="layerwave-smoke.zarr", tokens=3000, max_length=256, entropy_quantile=0.5, n_random=1, candidates=3,
         train_preset="smoke", epochs=2, seeds=(0,), benches=("mt-bench",), prompts=2, max_new_tokens=12, depth=3,
-        memory_gb=1.0, generate_tokens=1000, generate_max_new_tokens=24),
+        memory_gb=1.0, generate_tokens=1000, generate_max_new_tokens=24, training_tokens=4000),
     "smoke-study": PipelinePreset(
         store="layerwave-smoke-study.zarr", tokens=3000, max_length=256, entropy_quantile=0.5, n_random=1,
         candidates=3, train_preset="smoke", epochs=2, seeds=(0,), benches=("mt-bench", "sharegpt"), prompts=2,

@@ -42,7 +42,8 @@ class RunRequest:
             load_corpus(self.corpus)
         store = preset_store(self.preset, self.store)
         return Run(self, key, p, store, corpus_for(store, key, p, self.corpus),
-                   p.warm_start if self.warm_start is None else self.warm_start)
+                   p.warm_start if self.warm_start is None else self.warm_start,
+                   p.training_store(store))
 
 
 @dataclass(frozen=True)
@@ -79,3 +80,4 @@ class Run:
     store: str
     corpus: str  # what the store is extracted from (regen:DIR when the pipeline generates it)
     warm_start: bool
+    training_store: str  # what heads train on: the store itself, or the preset's store of the candidates' layers

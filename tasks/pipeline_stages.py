@@ -31,17 +31,24 @@ def corpus_for(store: str, model_key: str, p: PipelinePreset, corpus: str | None
     return f"regen:{Workspace(store).corpus(model_key, SOURCE)}" if p.generate_tokens else SOURCE
 
 
-def extraction_current(store: str, model_key: str, model: str, p: PipelinePreset, corpus: str) -> bool:
-    """True when the store holds a complete extraction made with this pipeline's settings, so the
-    extract stage can be skipped without loading the model or the corpus."""
+def extraction_current(store: str, model_key: str, model: str, corpus: str, tokens: int, max_length: int,
+                       layers: list[int] | None = None) -> bool:
+    """True when the store holds a complete extraction of these settings (`layers`: None for all),
+    so the extract stage can be skipped without loading the model or the corpus."""
     group = open_existing(store, paths.activations(model_key))
     if group is None:
         return False
     attrs = group.attrs
     stored = attrs.get("corpus", {})
     return bool(attrs.get("complete")) and attrs.get("model", {}).get("argument") == model and (
-        stored.get("spec"), stored.get("tokens_requested"), stored.get("max_length"), stored.get("seed")) == (
-        corpus, p.tokens, p.max_length, 0)
+        stored.get("spec"), stored.get("tokens_requested"), stored.get("max_length"), stored.get("seed"),
+        attrs.get("layout", {}).get("layers")) == (corpus, tokens, max_length, 0, layers)
+
+
+def training_layers(candidates: list[Candidate], p: PipelinePreset) -> list[int]:
+    """Every layer the preset's candidate sets read (their union; `--limit` does not change it, so
+    a run with another limit reuses the training store)."""
+    return sorted({layer for candidate in by_priority(candidates)[: p.candidates] for layer in candidate.layers})
 
 
 def by_priority(candidates: list[Candidate]) -> list[Candidate]:
@@ -77,7 +84,7 @@ def evaluation_key(training_key: str, bench: str, p: PipelinePreset, replies: st
 
 
 def head_request(run: Run, layers: list[int], seed: int, out: str, epochs: int | None) -> TrainRequest:
-    """What the pipeline asks of one head: the preset's recipe for `epochs`, from the run's store."""
+    """What the pipeline asks of one head: the preset's recipe for `epochs`, from the run's training store."""
     p = run.preset
-    return TrainRequest(model=run.request.model, store=run.store, layers=layers, out=out, preset_name=p.train_preset,
+    return TrainRequest(model=run.request.model, store=run.training_store, layers=layers, out=out, preset_name=p.train_preset,
                         seed=seed, epochs=epochs, warm_start=run.warm_start)

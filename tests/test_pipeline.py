@@ -47,7 +47,8 @@ def test_pipeline_writes_every_stage_and_a_report(finished):
     assert "## Speculative decoding per set" in report and "[2, 4, 5]" in report and "](tau_by_set.png)" in report
     assert (Path(summary.report).parent / "tau_by_set.png").stat().st_size > 0
     # a published report names its store and corpus as the run's folder sees them, no machine's folders
-    assert "- store: smoke.zarr\n" in report and "- training corpus: regen:smoke.corpora/" in report
+    assert "- store: smoke.zarr\n" in report and "- training store: smoke.training.zarr\n" in report
+    assert "- training corpus: regen:smoke.corpora/" in report
     assert str(Path(store).parent) not in report
     results = json.loads((Path(summary.report).parent / "results.json").read_text())
     assert {row["bench"] for row in results["rows"]} == {"mt-bench"} and len(results["rows"]) == 3
@@ -57,12 +58,23 @@ def test_pipeline_writes_every_stage_and_a_report(finished):
     assert len(list(heads.rglob("model.safetensors"))) == 3 and not list(heads.rglob("checkpoint.pt"))
 
 
+def test_heads_train_on_a_larger_store_of_only_the_candidates_layers(finished):
+    store, summary = finished
+    training = xr.open_zarr(Workspace(store).training_store(), group=f"{TINY}/activations")
+    union = sorted({layer for row in summary.evaluated for layer in row.layers})
+    assert training.layer.values.tolist() == union and len(union) < 9  # not every layer
+    analysed = xr.open_zarr(store, group=f"{TINY}/activations")
+    assert training.sizes["token"] > analysed.sizes["token"] == 3000
+    for record in Workspace(store).beside("heads").rglob("training.json"):
+        assert json.loads(record.read_text())["data_plan_hash"] == training.attrs["plan_hash"]
+
+
 def test_second_run_does_no_stage_work(finished):
     store, _ = finished
-    heads = Workspace(store).beside("heads")
-    before = modification_times(Path(store), heads)
+    heads, training = Workspace(store).beside("heads"), Path(Workspace(store).training_store())
+    before = modification_times(Path(store), heads, training)
     summary = pipeline(model=TINY, preset="smoke", store=store)
-    assert modification_times(Path(store), heads) == before
+    assert modification_times(Path(store), heads, training) == before
     assert all(row.reused for row in summary.evaluated)
 
 

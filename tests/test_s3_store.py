@@ -77,6 +77,7 @@ def test_store_heads_evaluations_and_report_land_in_the_bucket(bucket, finished)
                                storage_options={"key": "layerwave", "secret": "layerwave",
                                                 "endpoint_url": env["AWS_ENDPOINT_URL"]})
     assert activations.sizes["token"] == 3000 and activations.attrs["complete"]
+    assert objects(fs, f"{BUCKET}/layerwave.training.zarr/{TINY}/activations")  # the heads' store, in the bucket too
     heads = objects(fs, f"{BUCKET}/layerwave.heads/{TINY}/smoke")
     assert len([p for p in heads if p.endswith("/model.safetensors")]) == 1  # --limit 1: the EAGLE-3 default's
     assert len([p for p in heads if p.endswith("/evaluation/mt-bench.json")]) == 1
@@ -92,7 +93,8 @@ def test_store_heads_evaluations_and_report_land_in_the_bucket(bucket, finished)
 
 def test_a_second_run_skips_every_stage(bucket, finished, prefect_api, tmp_path):
     env, fs = bucket
-    made = {prefix: objects(fs, f"{BUCKET}/layerwave.{prefix}") for prefix in ("zarr", "heads", "corpora")}
+    made = {prefix: objects(fs, f"{BUCKET}/layerwave.{prefix}") for prefix in ("zarr", "training.zarr", "heads",
+                                                                               "corpora")}
     again = run(cli_argv("run", {"model": TINY, "preset": "smoke", "limit": 1, "store": STORE,
                                  "json": tmp_path / "again.json"}),
                 prefect_api, env=env, cwd=tmp_path)

@@ -43,10 +43,11 @@ def report_task(store: str, model_key: str, preset: str, sets: list[list[int]] |
     selection = xr.open_zarr(store, group=group, consolidated=False).load()
     every = candidates_from(selection)
     candidates = [c for c in every if sets is None or c.layers in sets]
-    benches, activations = list(p.benches), open_activations(store, model_key)
+    benches, training_store = list(p.benches), p.training_store(store)
+    trained_on = open_activations(training_store, model_key)  # what the heads were trained from
     on_disk = heads_on_disk(store, model_key, preset, [c.layers for c in every], p.seeds, benches)
     ledger = Ledger.published(p.publish, model_key)
-    records = on_disk + earlier_records(ledger, activations.attrs["plan_hash"], on_disk, p.seeds)
+    records = on_disk + earlier_records(ledger, trained_on.attrs["plan_hash"], on_disk, p.seeds)
     rows = result_rows(candidates, final_scores(records, benches), benches)
     screening = (with_finalists(every, screening_rows(every, screening_scores(records)), p.finalists)
                  if p.screen_epochs else [])
@@ -55,9 +56,9 @@ def report_task(store: str, model_key: str, preset: str, sets: list[list[int]] |
         row["screening_tau_offline"] = screened.get(tuple(row["layers"]))
     correlation = correlations(rows, benches, SCORES + (("screening_tau_offline",) if screening else ()))
     folder = Workspace(store).reports(model_key)
-    corpus = activations.attrs["corpus"]
+    corpus = trained_on.attrs["corpus"]
     facts = {"model": model_key, "store": seen_from_the_run(store, store), "preset": preset,
-             "training corpus": seen_from_the_run(corpus["spec"], store), "training tokens": corpus["tokens"], "documents": corpus["documents"],
+             "training store": seen_from_the_run(training_store, store), "training corpus": seen_from_the_run(corpus["spec"], store), "training tokens": corpus["tokens"], "documents": corpus["documents"],
              "target replies": replies_summary(corpus["spec"]),
              "seeds": ", ".join(map(str, p.seeds)), "benchmarks": ", ".join(benches),
              "prompts per benchmark": p.prompts, "max new tokens": p.max_new_tokens, "draft depth": p.depth,
