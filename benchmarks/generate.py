@@ -1,5 +1,6 @@
 """Reply generation speed: batched (left padding, KV cache) against one prompt at a time, same run,
-in float32 and in bfloat16.
+in float32 and in bfloat16, with the prompts prefilled padded to the longest (one forward) or
+packed (each alone, then left-padded into one cache: `tasks.data.generate.packed_prefill`).
 
     python benchmarks/generate.py [--prompts 32] [--max-new-tokens 128] [--batch-sizes 32]
                                   [--dtypes float32,bfloat16] [--out benchmarks/out/generate.json]
@@ -62,27 +63,32 @@ def main() -> None:
     generate_batch(loaded.model, prompts[:2], 4, eos, pad, 0.0)  # warm-up, untimed
 
     def one_at_a_time():
-        return [generate_batch(loaded.model, [p], args.max_new_tokens, eos, pad, 0.0)[0] for p in prompts]
+        return [generate_batch(loaded.model, [p], args.max_new_tokens, eos, pad, 0.0, packed=False)[0]
+                for p in prompts]
 
     single, single_s = timed(one_at_a_time)
     single_rate = sum(map(len, single)) / single_s
     print(f"one prompt at a time: {sum(map(len, single))} reply tokens in {single_s:.1f}s, {single_rate:.1f} tokens/s")
     rows = []
-    for dtype, size in ((d, int(s)) for d in args.dtypes.split(",") for s in args.batch_sizes.split(",")):
+    for dtype in args.dtypes.split(","):
         model = load_model.load(args.model, "cpu", dtype).model
         generate_batch(model, prompts[:2], 4, eos, pad, 0.0)  # warm-up, untimed
+        for size, packed in ((int(s), p) for s in args.batch_sizes.split(",") for p in (False, True)):
+            def batched():
+                return [r for i in range(0, len(prompts), size)
+                        for r in generate_batch(model, prompts[i: i + size], args.max_new_tokens, eos, pad, 0.0,
+                                                packed=packed)]
 
-        def batched():
-            return [r for i in range(0, len(prompts), size)
-                    for r in generate_batch(model, prompts[i: i + size], args.max_new_tokens, eos, pad, 0.0)]
-
-        replies, seconds = timed(batched)
-        rate = sum(map(len, replies)) / seconds
-        same = sum(a == b for a, b in zip(replies, single))
-        rows.append({"dtype": dtype, "batch_size": size, "tokens": sum(map(len, replies)), "seconds": seconds,
-                     "tokens_per_s": rate, "ratio": rate / single_rate, "replies_identical_to_baseline": same})
-        print(f"{dtype}, batch {size}: {rows[-1]['tokens']} reply tokens in {seconds:.1f}s, {rate:.1f} tokens/s, "
-              f"{rate / single_rate:.2f}x; {same}/{len(prompts)} replies identical to float32 one at a time")
+            replies, seconds = timed(batched)
+            rate = sum(map(len, replies)) / seconds
+            same = sum(a == b for a, b in zip(replies, single))
+            prefill = "packed" if packed else "padded"
+            rows.append({"dtype": dtype, "batch_size": size, "prefill": prefill, "tokens": sum(map(len, replies)),
+                         "seconds": seconds, "tokens_per_s": rate, "ratio": rate / single_rate,
+                         "replies_identical_to_baseline": same})
+            print(f"{dtype}, batch {size}, {prefill} prefill: {rows[-1]['tokens']} reply tokens in {seconds:.1f}s, "
+                  f"{rate:.1f} tokens/s, {rate / single_rate:.2f}x; {same}/{len(prompts)} replies identical to "
+                  "float32 one at a time")
     result = {"model": args.model, "prompts": len(prompts), "max_new_tokens": args.max_new_tokens,
               "threads": torch.get_num_threads(), "baseline": {"tokens": sum(map(len, single)), "seconds": single_s,
                                                                "tokens_per_s": single_rate},

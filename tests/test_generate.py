@@ -14,7 +14,7 @@ from flows.cli import main
 from flows.generate import generate
 from store.read import open_activations
 from tasks.data.corpus import load_corpus
-from tasks.data.generate import Heartbeat
+from tasks.data.generate import Heartbeat, generate_batch
 from tasks.data.regen_corpus import GeneratedConversation, committed_shards, read_generated, repeated_share
 from tasks.decode.spec_decode import plain_generate
 from tests.conftest import GENERATION, TINY, saved_checkpoint
@@ -102,6 +102,16 @@ def test_bad_generation_requests_are_one_line(tmp_path, tiny, prefect_api, capsy
 
 def regen_spec(tmp_path, options) -> str:
     return generate(out=str(tmp_path / "small"), **options)["corpus"]
+
+
+def test_a_packed_prefill_gives_the_replies_of_one_prompt_at_a_time(tiny):
+    """Prompts of 3 to 60 tokens prefilled each alone into one left-padded cache: every reply equals
+    the prompt decoded alone, and the padded prefill's."""
+    prompts = [[(7 * n + 3 * i) % 200 + 1 for i in range(length)] for n, length in enumerate((3, 60, 17, 41, 5))]
+    eos, pad = tiny.tokenizer.eos_token_id, tiny.tokenizer.eos_token_id
+    alone = [plain_generate(tiny.model, prompt, 12, eos).tokens for prompt in prompts]
+    assert generate_batch(tiny.model, prompts, 12, eos, pad, 0.0) == alone
+    assert generate_batch(tiny.model, prompts, 12, eos, pad, 0.0, packed=False) == alone
 
 
 def test_a_batch_beats_while_it_generates_and_is_never_stopped_by_it(tiny):
