@@ -31,7 +31,7 @@ def test_training_killed_after_a_checkpoint_resumes_to_the_same_head(training_st
     and ends with exactly the weights of the same command run uninterrupted (threads: conftest.py)."""
     def train_argv(out):
         return cli_argv("train", {"model": TINY, "store": training_store, "layers": ",".join(map(str, LAYERS)),
-                                  "preset": "smoke", "epochs": 2, "out": out}) + ["--keep-checkpoint"]  # to compare
+                                  "preset": "smoke", "epochs": 1, "out": out}) + ["--keep-checkpoint"]  # to compare
 
     assert main(train_argv(tmp_path / "uninterrupted")[3:]) == 0  # in-process: the same command, minus a startup
     finished = torch.load(tmp_path / "uninterrupted" / "checkpoint.pt", weights_only=False)
