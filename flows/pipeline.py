@@ -70,7 +70,7 @@ def extract_once(run: Run) -> None:
     writes its own replies when the pipeline generates its corpus."""
     p, store, key, model = run.preset, run.store, run.model_key, run.request.model
     generated = run.request.corpus is None and p.generate_tokens
-    if extraction_current(store, key, model, run.corpus, p.tokens, p.max_length):
+    if extraction_current(run, store, p.tokens):
         get_run_logger().info(stage_line("extract", f"{key} in {store} is complete"))
         return
     get_run_logger().info(stage_line("extract", ("the target writes its replies, then " if generated else "")
@@ -85,11 +85,11 @@ def extract_once(run: Run) -> None:
 def extract_training_store(run: Run, layers: list[int]) -> None:
     """The candidates' layers over the preset's training budget of the same corpus, unless the
     training store already holds them; it is remade when the candidates read other layers."""
-    p, key, model, store = run.preset, run.model_key, run.request.model, run.training_store
-    if extraction_current(store, key, model, run.corpus, p.training_tokens, p.max_length, layers):
+    p, store = run.preset, run.training_store
+    if extraction_current(run, store, p.training_tokens, layers):
         get_run_logger().info(stage_line("extract", f"the training store {store} is complete"))
         return
     get_run_logger().info(stage_line("extract", f"layers {layers} over {p.training_tokens} tokens into {store}, "
                                                 "for training"))
-    extract(model=model, corpus=run.corpus, tokens=p.training_tokens, max_length=p.max_length, store=store,
-            layers=layers, overwrite=True)
+    extract(model=run.request.model, corpus=run.corpus, tokens=p.training_tokens, max_length=p.max_length,
+            store=store, layers=layers, overwrite=True)

@@ -42,8 +42,7 @@ class RunRequest:
             load_corpus(self.corpus)
         store = preset_store(self.preset, self.store)
         return Run(self, key, p, store, corpus_for(store, key, p, self.corpus),
-                   p.warm_start if self.warm_start is None else self.warm_start,
-                   p.training_store(store))
+                   p.warm_start if self.warm_start is None else self.warm_start)
 
 
 @dataclass(frozen=True)
@@ -80,4 +79,8 @@ class Run:
     store: str
     corpus: str  # what the store is extracted from (regen:DIR when the pipeline generates it)
     warm_start: bool
-    training_store: str  # what heads train on: the store itself, or the preset's store of the candidates' layers
+
+    @property
+    def training_store(self) -> str:
+        """What heads train on: the store itself, or the preset's store of the candidates' layers."""
+        return self.preset.training_store(self.store)

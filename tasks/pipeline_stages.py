@@ -31,18 +31,18 @@ def corpus_for(store: str, model_key: str, p: PipelinePreset, corpus: str | None
     return f"regen:{Workspace(store).corpus(model_key, SOURCE)}" if p.generate_tokens else SOURCE
 
 
-def extraction_current(store: str, model_key: str, model: str, corpus: str, tokens: int, max_length: int,
-                       layers: list[int] | None = None) -> bool:
-    """True when the store holds a complete extraction of these settings (`layers`: None for all),
-    so the extract stage can be skipped without loading the model or the corpus."""
-    group = open_existing(store, paths.activations(model_key))
+def extraction_current(run: Run, store: str, tokens: int, layers: list[int] | None = None) -> bool:
+    """True when `store` holds a complete extraction of the run's model and corpus over `tokens`
+    (`layers`: None for all), so the extract stage can be skipped without loading the model or the
+    corpus."""
+    group = open_existing(store, paths.activations(run.model_key))
     if group is None:
         return False
     attrs = group.attrs
     stored = attrs.get("corpus", {})
-    return bool(attrs.get("complete")) and attrs.get("model", {}).get("argument") == model and (
+    return bool(attrs.get("complete")) and attrs.get("model", {}).get("argument") == run.request.model and (
         stored.get("spec"), stored.get("tokens_requested"), stored.get("max_length"), stored.get("seed"),
-        attrs.get("layout", {}).get("layers")) == (corpus, tokens, max_length, 0, layers)
+        attrs.get("layout", {}).get("layers")) == (run.corpus, tokens, run.preset.max_length, 0, layers)
 
 
 def training_layers(candidates: list[Candidate], p: PipelinePreset) -> list[int]:

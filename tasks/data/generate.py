@@ -150,10 +150,9 @@ def generate_batch(model, prompts: list[list[int]], max_new_tokens: int, eos: in
     sampling = ({"do_sample": True, "temperature": temperature, "top_k": None, "top_p": None} if temperature > 0
                 else {"do_sample": False})
     criteria = StoppingCriteriaList([Heartbeat(beat)] if beat else [])
-    cache = packed_prefill(model, prompts, width) if packed else None
     out = model.generate(ids.to(model.device), attention_mask=mask.to(model.device), max_new_tokens=max_new_tokens,
                          eos_token_id=eos, pad_token_id=pad, stopping_criteria=criteria,
-                         **({"cache": cache} if cache is not None else {}), **sampling)
+                         cache=packed_prefill(model, prompts, width) if packed else None, **sampling)
     replies = []
     for row in out[:, width:].tolist():
         replies.append(row[: row.index(eos) + 1] if eos in row else row)
