@@ -14,6 +14,7 @@ from flows.cli import main
 from flows.generate import generate
 from store.read import open_activations
 from tasks.data.corpus import load_corpus
+from tasks.data.continuous_batching import generate_continuous
 from tasks.data.generate import Heartbeat, generate_batch
 from tasks.data.regen_corpus import GeneratedConversation, committed_shards, read_generated, repeated_share
 from tasks.decode.spec_decode import plain_generate
@@ -104,14 +105,18 @@ def regen_spec(tmp_path, options) -> str:
     return generate(out=str(tmp_path / "small"), **options)["corpus"]
 
 
-def test_a_packed_prefill_gives_the_replies_of_one_prompt_at_a_time(tiny):
-    """Prompts of 3 to 60 tokens prefilled each alone into one left-padded cache: every reply equals
-    the prompt decoded alone, and the padded prefill's."""
+def test_continuous_batching_gives_the_replies_of_one_prompt_at_a_time(tiny):
+    """Prompts of 3 to 60 tokens through 2 slots: replies end at different steps (the end token is one
+    the model writes early in one reply), their slots take the next prompts, the last one runs alone.
+    Every reply equals the prompt decoded alone, and so does the padded batch's."""
     prompts = [[(7 * n + 3 * i) % 200 + 1 for i in range(length)] for n, length in enumerate((3, 60, 17, 41, 5))]
-    eos, pad = tiny.tokenizer.eos_token_id, tiny.tokenizer.eos_token_id
+    eos = plain_generate(tiny.model, prompts[1], 12, -1).tokens[4]
     alone = [plain_generate(tiny.model, prompt, 12, eos).tokens for prompt in prompts]
-    assert generate_batch(tiny.model, prompts, 12, eos, pad, 0.0) == alone
-    assert generate_batch(tiny.model, prompts, 12, eos, pad, 0.0, packed=False) == alone
+    assert len({len(reply) for reply in alone}) > 1
+    ended = []
+    assert generate_continuous(tiny.model, prompts, 12, eos, 0.0, 2, done=lambda i, reply: ended.append(i)) == alone
+    assert sorted(ended) == list(range(len(prompts)))
+    assert generate_batch(tiny.model, prompts, 12, eos, eos, 0.0) == alone
 
 
 def test_a_batch_beats_while_it_generates_and_is_never_stopped_by_it(tiny):

@@ -6,8 +6,8 @@ directory of JSONL shards, each written whole and renamed into place (a killed r
 half shard), plus `manifest.json` with the provenance; `--corpus regen:DIR` reads it back.
 
 Shard s holds the source conversations at positions [s·size, (s+1)·size) of a seeded order.
-Within a shard, round r answers every conversation's r-th user turn (batched, left-padded, KV
-cache), feeding the earlier generated replies back as the conversation so far. Shards are added
+Within a shard, round r answers every conversation's r-th user turn (continuously batched:
+`continuous_batching.py`), feeding the earlier generated replies back as the conversation so far. Shards are added
 until the reply-token budget is spent. A shard's content depends only on the shard and the
 settings (not on the budget), so a re-run regenerates an uncommitted shard exactly, and a re-run
 with a larger budget extends a finished corpus.
@@ -27,11 +27,11 @@ import torch
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 from transformers import StoppingCriteria, StoppingCriteriaList
-from transformers.cache_utils import DynamicCache, DynamicLayer
 
 from store.artefacts import location, write_json, write_text
 from store.errors import LayerwaveError
 from tasks.data import load_model
+from tasks.data.continuous_batching import generate_continuous, slots_fit
 from tasks.data.corpus import Conversation
 from tasks.data.generate_request import GenerateRequest
 from tasks.data.regen_corpus import FORMAT, MANIFEST, read_manifest, shard_path
@@ -118,29 +118,11 @@ class Heartbeat(StoppingCriteria):
         return torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
 
 
-def packed_prefill(model, prompts: list[list[int]], width: int) -> DynamicCache | None:
-    """The KV cache of every prompt but its last token, each computed alone and left-padded into one
-    batch cache. A left-padded forward would compute width × rows tokens; ShareGPT prompt lengths
-    are so uneven that most of those are padding (32 prompts, 2,395 tokens, one of 481: 15,392).
-    None where a model's cache is not one plain layer per attention layer (sliding windows)."""
-    if min(len(p) for p in prompts) < 2 or any(type(layer) is not DynamicLayer
-                                               for layer in DynamicCache(config=model.config).layers):
-        return None
-    rows = [model(input_ids=torch.tensor([p[:-1]], device=model.device), use_cache=True, logits_to_keep=1).cache
-            for p in prompts]
-
-    def padded(states: list[torch.Tensor]) -> torch.Tensor:
-        return torch.cat([torch.nn.functional.pad(s, (0, 0, width - 1 - s.shape[-2], 0)) for s in states])
-    return DynamicCache(ddp_cache_data=[(padded([r.layers[i].keys for r in rows]),
-                                         padded([r.layers[i].values for r in rows]))
-                                        for i in range(len(rows[0].layers))], config=model.config)
-
-
 @torch.inference_mode()
 def generate_batch(model, prompts: list[list[int]], max_new_tokens: int, eos: int, pad: int,
-                   temperature: float, beat: Callable[[int], None] | None = None, packed: bool = True) -> list[list[int]]:
-    """New tokens per prompt (left padding, KV cache; the prompts prefilled by `packed_prefill`
-    unless `packed` is off), cut after the first EOS; `beat(step)` is called every few seconds."""
+                   temperature: float, beat: Callable[[int], None] | None = None) -> list[list[int]]:
+    """New tokens per prompt (left padding, KV cache), cut after the first EOS; `beat(step)` is called
+    every few seconds. The path for models `continuous_batching` cannot hold (sliding windows)."""
     width = max(len(p) for p in prompts)
     ids = torch.full((len(prompts), width), pad, dtype=torch.long)
     mask = torch.zeros((len(prompts), width), dtype=torch.long)
@@ -151,8 +133,7 @@ def generate_batch(model, prompts: list[list[int]], max_new_tokens: int, eos: in
                 else {"do_sample": False})
     criteria = StoppingCriteriaList([Heartbeat(beat)] if beat else [])
     out = model.generate(ids.to(model.device), attention_mask=mask.to(model.device), max_new_tokens=max_new_tokens,
-                         eos_token_id=eos, pad_token_id=pad, stopping_criteria=criteria,
-                         cache=packed_prefill(model, prompts, width) if packed else None, **sampling)
+                         eos_token_id=eos, pad_token_id=pad, stopping_criteria=criteria, **sampling)
     replies = []
     for row in out[:, width:].tolist():
         replies.append(row[: row.index(eos) + 1] if eos in row else row)
@@ -182,16 +163,27 @@ def generate_shard(loaded, conversations: dict[int, Conversation], request: Gene
             if prompt is not None:
                 asked.append((len(prompt), record, prompt))
         asked.sort(key=lambda item: (item[0], item[1]))  # similar lengths pad little
-        for start in range(0, len(asked), request.batch_size):
-            batch = asked[start: start + request.batch_size]
-            replies = generate_batch(loaded.model, [p for _, _, p in batch], request.max_new_tokens, eos, pad,
-                                     request.temperature, beat)
-            for (_, record, _), reply in zip(batch, replies):
-                _record_reply(tokenizer, states[record], reply, eos, turn)
-            progress(sum(len(r) for r in replies))
+        replies = answer(loaded.model, [p for _, _, p in asked], request, eos, pad, progress, beat)
+        for (_, record, _), reply in zip(asked, replies):
+            _record_reply(tokenizer, states[record], reply, eos, turn)
     return [{"source_record": int(record), "messages": state["messages"], "replies": state["replies"],
              "token_ids": state["token_ids"], "loss_mask": state["loss_mask"]}
             for record, state in states.items() if state["replies"]]
+
+
+def answer(model, prompts: list[list[int]], request: GenerateRequest, eos: int, pad: int, progress,
+           beat) -> list[list[int]]:
+    """The replies to `prompts`, continuously batched where the model's cache allows, else in padded
+    batches; `progress(tokens)` as replies end."""
+    if slots_fit(model):
+        return generate_continuous(model, prompts, request.max_new_tokens, eos, request.temperature,
+                                   request.batch_size, beat, done=lambda index, reply: progress(len(reply)))
+    replies = []
+    for start in range(0, len(prompts), request.batch_size):
+        replies += generate_batch(model, prompts[start: start + request.batch_size], request.max_new_tokens, eos,
+                                  pad, request.temperature, beat)
+        progress(sum(len(r) for r in replies[start:]))
+    return replies
 
 
 def _next_prompt(tokenizer, state: dict, limit: int) -> list[int] | None:

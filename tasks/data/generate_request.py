@@ -27,7 +27,7 @@ class GenerateRequest:
     turns: int = option(3, "user turns answered per conversation (later ones see the earlier generated replies)")
     temperature: float = option(0.0, "0 = greedy; > 0 samples")
     seed: int = option(0, "order of the source conversations, and sampling")
-    batch_size: int = option(32, "prompts generated together")
+    batch_size: int = option(32, "replies decoded together (a row whose reply ends takes the next prompt)")
     shard_size: int = option(64, "conversations per committed shard")
     device: str = option("auto", "auto (CUDA when present), cpu or cuda[:N]")
     dtype: str = option("auto", "compute dtype: auto (the checkpoint's), float32, float16, bfloat16 (1.7x "
