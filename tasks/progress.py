@@ -59,17 +59,27 @@ def rate_eta(done: float, total: float, elapsed: float) -> str:
 
 
 class GenerationMeter:
-    """A text progress bar with tokens/s and the time left, one line per generated batch."""
+    """A text progress bar with tokens/s and the time left, at most one line every `every` seconds
+    (replies end one by one: a line each would flood the log)."""
 
-    def __init__(self, logger, spent: int, budget: int):
-        self.logger, self.spent, self.budget = logger, spent, budget
+    def __init__(self, logger, spent: int, budget: int, every: float = 10.0):
+        self.logger, self.spent, self.budget, self.every = logger, spent, budget, every
         self.generated, self.started, self.shard = 0, time.perf_counter(), 0
+        self.last_line = self.started
 
     def elapsed(self) -> float:
         return time.perf_counter() - self.started
 
+    def due(self) -> bool:
+        if time.perf_counter() - self.last_line < self.every:
+            return False
+        self.last_line = time.perf_counter()
+        return True
+
     def add(self, tokens: int) -> None:
         self.generated += tokens
+        if not self.due():
+            return
         rate = self.generated / max(self.elapsed(), 1e-9)
         total = self.spent + self.generated
         share = min(1.0, total / self.budget)
@@ -79,6 +89,6 @@ class GenerationMeter:
                          100 * share, total, self.budget, self.shard, rate, left / 60)
 
     def beat(self, step: int) -> None:
-        """A line while a batch is still generating (its replies count once the batch ends)."""
-        self.logger.info("generate: shard %d, a batch at new token %d, %s elapsed", self.shard, step,
-                         duration(self.elapsed()))
+        """A line while replies are still generating and none has ended for a while."""
+        if self.due():
+            self.logger.info("generate: shard %d, step %d, %s elapsed", self.shard, step, duration(self.elapsed()))

@@ -180,6 +180,10 @@ class DraftHead(nn.Module):
         # d2t[i]: offset so that target id = i + d2t[i]; t2d[j]: target id j is in the draft vocab.
         self.register_buffer("d2t", torch.zeros(c.draft_vocab_size, dtype=torch.long))
         self.register_buffer("t2d", torch.zeros(c.vocab_size, dtype=torch.bool))
+        # A fixed factor per input channel before fc (1/RMS of its layer in the training store, or 1):
+        # without it the deepest layer's states swamp the others (SmolLM2 [2, 15, 27]: RMS 2.6, 6, 24).
+        # Not saved: `build_head` recomputes it from the store, and exports fold it into fc.weight.
+        self.register_buffer("aux_scale", torch.ones(len(c.layers) * c.hidden_size), persistent=False)
         for module in (self.fc, self.midlayer, self.lm_head):
             for p in module.parameters():
                 if p.dim() == 2:
@@ -188,7 +192,14 @@ class DraftHead(nn.Module):
     def fuse(self, aux):
         """aux (B, T, k·H): the selected target layers concatenated in `config.layers` order, cast
         to the head's dtype (a bfloat16 head drafts from the target's float32 states)."""
-        return self.fc(aux.to(self.fc.weight.dtype))
+        return self.fc((aux * self.aux_scale).to(self.fc.weight.dtype))
+
+    def folded_state(self) -> dict:
+        """The state dict with `aux_scale` folded into fc.weight: what runtimes load, as the same
+        function of the raw states."""
+        state = self.state_dict()
+        state["fc.weight"] = self.fc.weight.detach() * self.aux_scale.to(self.fc.weight.dtype)
+        return state
 
     def step(self, hidden, input_ids, positions, cache):
         """One draft step: next hidden state from (hidden, token) pairs."""

@@ -113,7 +113,7 @@ def export(head: DraftHead, out, fmt: str, verifier: str, speculative_tokens: in
     and speculators reads its config), `architectures` its config's (default: a Llama)."""
     out, c, spec = location(out), head.config, export_format(fmt)
     ids = to_runtime_ids(c.layers, fmt, num_layers)
-    state = spec.runtime_state({name: tensor.detach().contiguous() for name, tensor in head.state_dict().items()})
+    state = spec.runtime_state({name: tensor.detach().contiguous() for name, tensor in head.folded_state().items()})
     config = spec.config(c, ids, verifier, speculative_tokens, architectures or ["LlamaForCausalLM"])
     config["layerwave"] = {"layers_hf_index": c.layers, "format": fmt, "draft_config": c.as_dict()}
     write_bytes(out / "model.safetensors", save_safetensors(state))

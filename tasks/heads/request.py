@@ -49,6 +49,10 @@ class TrainRequest:
                                           "unfinished run always keeps it, so a killed run resumes")
     precision: str = option("auto", "float32, bfloat16 (autocast over float32 master weights, where the device "
                                     "has it natively) or auto: bfloat16 where native, else float32")
+    layer_scaling: bool | None = option(None, "divide each layer's states by its RMS in the store before fc (folded "
+                                              "into fc at export; default: the preset's)")
+    loss_on_prompt: bool | None = option(None, "also learn at prompt positions, not only reply tokens "
+                                               "(default: the preset's)")
 
     def check(self) -> Training:
         """Every mistake, before any training starts; opens the activations once and resolves
@@ -71,7 +75,8 @@ class TrainRequest:
         layers = check_layers(self.layers if self.layers is not None else eagle3_default(n) or [], n + 1)
         check_stored(layers, ds.layer.values.tolist(), self.store, model_key)
         recipe = {"warm_start": self.warm_start, "freeze_lm_head": self.freeze_lm_head,
-                  "lm_head_lr_scale": self.lm_head_lr_scale}  # None keeps the preset's
+                  "lm_head_lr_scale": self.lm_head_lr_scale, "layer_scaling": self.layer_scaling,
+                  "loss_on_prompt": self.loss_on_prompt}  # None keeps the preset's
         device = load_model.pick_device(self.device)
         config = preset(self.preset_name, seed=self.seed, ttt_steps=self.ttt_steps, epochs=self.epochs,
                         precision=resolve_precision(self.precision, device), **recipe)

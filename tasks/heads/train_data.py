@@ -114,6 +114,24 @@ class StoreBatches:
             yield batches, [tuple(arrays[name][a:b] for name in ("aux", "token_id", "position", "loss_mask"))
                             for a, b in spans]
 
+    def layer_rms(self, max_tokens: int = 65536) -> np.ndarray:
+        """RMS of each layer asked (in order) over the training documents' tokens of the first
+        shards, up to `max_tokens`; each document's first token is left out (its massive
+        activations would set the scale alone)."""
+        hidden, position = self.group[schema.HIDDEN_STATES], self.group[schema.POSITION]
+        sums, count = np.zeros(len(self.slots)), 0
+        for shard in range(self.layout.n_shards):
+            start, stop = self.layout.shard_range(shard)
+            doc = self.doc[start:stop]
+            keep = (doc >= 0) & ~self.heldout_docs[np.maximum(doc, 0)] & (position[start:stop] > 0)
+            for i, slot in enumerate(self.slots):
+                states = decode(hidden[slot, start:stop])[keep].astype(np.float64)
+                sums[i] += np.square(states).mean(-1).sum()
+            count += int(keep.sum())
+            if count >= max_tokens:
+                break
+        return np.sqrt(sums / max(count, 1))
+
     def _read_shard(self, shard: int) -> dict:
         start, stop = self.layout.shard_range(shard)
         hidden = self.group[schema.HIDDEN_STATES]

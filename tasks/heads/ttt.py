@@ -3,8 +3,9 @@
 Shifts follow SpecForge's EAGLE-3 recipe: at store position t, step 0 combines the target's aux
 hidden state at t with the embedding of token t+1 and is taught the target's next-token
 distribution at t+1; step i feeds back its own hidden state, reads token t+i+1, is taught the
-distribution at t+i+1, counts where token t+i is loss-masked and the target's argmax is in the
-draft vocabulary, and uses rotary positions shifted by i.
+distribution at t+i+1 and uses rotary positions shifted by i. A step is scored where token t+i is
+loss-masked (a reply token); the loss counts those of them whose target argmax is in the draft
+vocabulary (with `everywhere`, prompt positions too).
 """
 
 from __future__ import annotations
@@ -19,9 +20,16 @@ from tasks.heads.train_data import Batch
 
 @dataclass
 class StepResult:
-    loss: torch.Tensor  # mean soft cross-entropy over counted positions (0 when none)
-    correct: int
-    counted: int
+    loss: torch.Tensor  # mean soft cross-entropy over the positions trained on (0 when none)
+    correct: int  # reply positions where the draft argmax is the target's
+    covered: int  # reply positions whose target argmax is in the draft vocabulary
+    positions: int  # reply positions scored
+
+
+def score(predicted: torch.Tensor, label: torch.Tensor, reply: torch.Tensor) -> tuple[int, int, int]:
+    """(correct, covered, positions) over the `reply` positions: `predicted` and `label` are draft
+    ids, `label` −1 where the target's argmax is outside the draft vocabulary (a miss)."""
+    return (int(((predicted == label) & reply).sum()), int(((label >= 0) & reply).sum()), int(reply.sum()))
 
 
 def shift_left(x: torch.Tensor, n: int, fill) -> torch.Tensor:
@@ -34,7 +42,8 @@ def shift_left(x: torch.Tensor, n: int, fill) -> torch.Tensor:
     return torch.cat([x[:, n:], pad], dim=1)
 
 
-def unroll(head: DraftHead, batch: Batch, target_to_draft: torch.Tensor, steps: int) -> list[StepResult]:
+def unroll(head: DraftHead, batch: Batch, target_to_draft: torch.Tensor, steps: int,
+           everywhere: bool = False) -> list[StepResult]:
     hidden = head.fuse(batch.aux)
     cache: list = []
     results = []
@@ -42,9 +51,9 @@ def unroll(head: DraftHead, batch: Batch, target_to_draft: torch.Tensor, steps: 
         input_ids = shift_left(batch.input_ids, i + 1, 0)
         label_ids = target_to_draft[shift_left(batch.label_ids, i + 1, 0)]  # draft ids, −1 outside
         label_logprobs = shift_left(batch.label_logprobs, i + 1, float("-inf"))
-        counted = (shift_left(batch.valid, i + 1, False) & shift_left(batch.loss_mask, i, False)
-                   & (label_ids[..., 0] >= 0))
-        in_vocab = label_ids >= 0
+        valid, in_vocab = shift_left(batch.valid, i + 1, False), label_ids >= 0
+        reply = valid & shift_left(batch.loss_mask, i, False)
+        trained = (valid if everywhere else reply) & in_vocab[..., 0]
         teacher = torch.where(in_vocab, label_logprobs.exp(), label_logprobs.new_zeros(()))
         teacher = teacher / teacher.sum(-1, keepdim=True).clamp(min=1e-12)  # renormalised on the draft vocab
 
@@ -52,8 +61,6 @@ def unroll(head: DraftHead, batch: Batch, target_to_draft: torch.Tensor, steps: 
         logprobs = torch.log_softmax(head.logits(hidden).float(), dim=-1)
         picked = logprobs.gather(-1, label_ids.clamp(min=0))
         per_token = -(teacher * picked).sum(-1)
-        n = int(counted.sum())
-        loss = (per_token * counted).sum() / max(n, 1)
-        correct = int(((logprobs.argmax(-1) == label_ids[..., 0]) & counted).sum())
-        results.append(StepResult(loss, correct, n))
+        loss = (per_token * trained).sum() / max(int(trained.sum()), 1)
+        results.append(StepResult(loss, *score(logprobs.argmax(-1), label_ids[..., 0], reply)))
     return results
