@@ -6,8 +6,10 @@
 STORE is a training store of the EAGLE-3 default layers, best of the target's own replies:
 `layerwave generate --dtype bfloat16`, then `layerwave extract --corpus regen:DIR --layers 2,15,27`.
 Row 0 is the `quick` recipe before this ablation (draft vocabulary counted on input tokens, raw
-layers, batch 1, TTT 3); each later row adds one change to the row before. Every head trains from
-seed 0 for the same whole number of epochs (so the same token-passes) with bfloat16 autocast.
+layers, batch 1, TTT 3); each later row adds one change to the best recipe so far, and keeps it
+unless held-out step-0 accuracy falls by more than 0.005 (a change that hurts is not carried
+into the next rows). Every head trains from seed 0 for the same whole number of epochs (so the same
+token-passes) with bfloat16 autocast.
 
 Columns: held-out accuracy over every reply position per TTT step, the draft vocabulary's coverage
 (share of held-out reply positions whose target argmax it holds), the shuffled-layer diagnostic
@@ -38,6 +40,7 @@ from tasks.heads.train_data import StoreBatches  # noqa: E402
 from tasks.heads.train_head import preset, train  # noqa: E402
 from tasks.select.layer_ids import eagle3_default  # noqa: E402
 
+TOLERANCE = 0.005  # a change is kept unless step-0 accuracy falls by more than this (seed noise)
 HOLDOUT = 0.15  # of the documents: enough held-out replies (100+) for a τ_offline interval that ranks rows
 BEFORE = replace(preset("quick"), precision="bfloat16", draft_vocab_from="input", ttt_steps=3, batch_size=1,
                  lr=1e-3, layer_scaling=False, loss_on_prompt=False)
@@ -72,6 +75,23 @@ def bigram_accuracy(data: StoreBatches) -> float:
     return float(np.mean(guesses == argmax[scored + 1])) if len(scored) else float("nan")
 
 
+def train_row(store: str, key: str, layers: list[int], work: Path, config) -> dict:
+    _, record = train(store, key, layers, work, config, log=lambda line: None)
+    final = record["final"]
+    return {"config": asdict(config), "steps": record["steps"], "token_passes": record["token_passes"],
+            "token_passes_per_s": record["tokens_per_s"], "accuracy": final["accuracy"],
+            "accuracy_in_vocab": final["accuracy_in_vocab"], "coverage": final["coverage"][0],
+            "layer_use": record["layer_use"], "tau_offline": final["tau_offline"]}
+
+
+def print_row(name: str, row: dict) -> None:
+    tau = row["tau_offline"]
+    print(f"{name}: accuracy " + " / ".join(f"{a:.3f}" for a in row["accuracy"])
+          + f", coverage {row['coverage']:.3f}, τ_offline {tau['tau']:.3f} [{tau['tau_ci95'][0]:.3f}, "
+          f"{tau['tau_ci95'][1]:.3f}], layer drop " + ", ".join(f"{k}: {v:.3f}" for k, v in row["layer_use"]["drop"].items())
+          + f", {row['token_passes_per_s']:.0f} token-passes/s", flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--store", required=True)
@@ -93,26 +113,20 @@ def main() -> None:
                   epochs=epochs, bigram_accuracy=bigram_accuracy(data))
     print(f"{args.model} {layers}: {per_epoch} token-passes per epoch, {epochs} epochs per row; feature-free "
           f"baseline {result['bigram_accuracy']:.3f}", flush=True)
-    config = replace(BEFORE, epochs=epochs, eval_every=10**9, chain_depth=4, holdout=HOLDOUT)
+    kept, best = replace(BEFORE, epochs=epochs, eval_every=10**9, chain_depth=4, holdout=HOLDOUT), -1.0
     for index, (name, change) in enumerate(CHANGES):
-        config = replace(config, **change)
-        if index not in args.rows or name in result["rows"]:
-            continue
-        _, record = train(args.store, key, layers, work / f"row-{index}", config, log=lambda line: None)
-        final = record["final"]
-        result["rows"][name] = {"config": asdict(config), "steps": record["steps"],
-                                "token_passes": record["token_passes"], "token_passes_per_s": record["tokens_per_s"],
-                                "accuracy": final["accuracy"], "accuracy_in_vocab": final["accuracy_in_vocab"],
-                                "coverage": final["coverage"][0], "layer_use": record["layer_use"],
-                                "tau_offline": final["tau_offline"]}
+        config = replace(kept, **change)
+        if name not in result["rows"]:
+            if index not in args.rows:
+                continue
+            result["rows"][name] = train_row(args.store, key, layers, work / f"row-{index}", config)
+            print_row(name, result["rows"][name])
+        row = result["rows"][name]
+        row["kept"] = row["accuracy"][0] >= best - TOLERANCE
+        if row["kept"]:
+            kept, best = config, max(best, row["accuracy"][0])
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps(result, indent=2) + "\n")
-        tau = final["tau_offline"]
-        print(f"{name}: accuracy " + " / ".join(f"{a:.3f}" for a in final["accuracy"])
-              + f", coverage {final['coverage'][0]:.3f}, τ_offline {tau['tau']:.3f} "
-              f"[{tau['tau_ci95'][0]:.3f}, {tau['tau_ci95'][1]:.3f}], layer drop "
-              + ", ".join(f"{k}: {v:.3f}" for k, v in record["layer_use"]["drop"].items())
-              + f", {record['tokens_per_s']:.0f} token-passes/s", flush=True)
     print(f"wrote {out}")
 
 
