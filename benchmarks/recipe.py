@@ -81,7 +81,7 @@ def train_row(store: str, key: str, layers: list[int], work: Path, config) -> di
     return {"config": asdict(config), "steps": record["steps"], "token_passes": record["token_passes"],
             "token_passes_per_s": record["tokens_per_s"], "accuracy": final["accuracy"],
             "accuracy_in_vocab": final["accuracy_in_vocab"], "coverage": final["coverage"][0],
-            "layer_use": record["layer_use"], "tau_offline": final["tau_offline"]}
+            "layer_use": final["layer_use"], "tau_offline": final["tau_offline"]}
 
 
 def print_row(name: str, row: dict) -> None:

@@ -62,7 +62,7 @@ def test_shuffling_the_layer_that_carries_the_label_costs_accuracy_and_the_other
     copy = tmp_path / "one-layer.zarr"
     one_layer_carries_the_label(training_store, copy, carrier=4)
     _, record = train(str(copy), TINY, LAYERS, tmp_path / "head", replace(preset("smoke"), ttt_steps=1))
-    use = record["layer_use"]
+    use = record["final"]["layer_use"]
     assert use["accuracy"] > 0.5, use
     assert use["drop"][4] > 0.4, use
     assert abs(use["drop"][2]) < 0.05 and abs(use["drop"][5]) < 0.05, use

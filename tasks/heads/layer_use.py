@@ -12,8 +12,8 @@ from dataclasses import replace
 
 import torch
 
-from tasks.heads.draft_head import DraftHead, target_to_draft
-from tasks.heads.train_data import Batch, StoreBatches
+from tasks.heads.draft_head import DraftHead
+from tasks.heads.train_data import Batch
 from tasks.heads.ttt import unroll
 
 
@@ -27,24 +27,22 @@ def shuffled_layer(batch: Batch, slot: int, hidden_size: int, generator: torch.G
     return replace(batch, aux=aux)
 
 
-@torch.no_grad()
-def layer_use(head: DraftHead, data: StoreBatches, seed: int = 0) -> dict:
-    """{"accuracy": held-out step-0 accuracy (all reply positions), "shuffled": {layer: the same with
-    that layer shuffled}, "drop": {layer: accuracy − shuffled}}."""
-    index = target_to_draft(head.t2d)
-    size = head.config.hidden_size
-    generator = torch.Generator().manual_seed(seed)
-    layers = head.config.layers
-    correct, positions = torch.zeros(len(layers) + 1), 0
-    for batches, _ in data.heldout_shards():
-        for batch in batches:
-            batch = batch.to(index.device)
-            plain = unroll(head, batch, index, 1)[0]
-            correct[0] += plain.correct
-            positions += plain.positions
-            for slot in range(len(layers)):
-                correct[1 + slot] += unroll(head, shuffled_layer(batch, slot, size, generator), index, 1)[0].correct
-    accuracy = (correct / max(positions, 1)).tolist()
-    shuffled = {layer: accuracy[1 + i] for i, layer in enumerate(layers)}
-    return {"accuracy": accuracy[0], "shuffled": shuffled,
-            "drop": {layer: accuracy[0] - value for layer, value in shuffled.items()}}
+class LayerUse:
+    """The shuffled-layer accuracies, gathered over the held-out batches the final evaluation
+    already reads (`held_out_metrics`), which also gives the unshuffled step-0 accuracy."""
+
+    def __init__(self, head: DraftHead, seed: int = 0):
+        self.head, self.generator = head, torch.Generator().manual_seed(seed)
+        self.correct = [0] * len(head.config.layers)
+
+    def add(self, batch: Batch, index: torch.Tensor) -> None:
+        size = self.head.config.hidden_size
+        for slot in range(len(self.correct)):
+            self.correct[slot] += unroll(self.head, shuffled_layer(batch, slot, size, self.generator), index, 1)[0].correct
+
+    def summary(self, accuracy: float, positions: int) -> dict:
+        """{"accuracy": step-0 accuracy unshuffled, "shuffled": {layer: with that layer shuffled},
+        "drop": {layer: accuracy − shuffled}}."""
+        shuffled = {layer: c / max(positions, 1) for layer, c in zip(self.head.config.layers, self.correct)}
+        return {"accuracy": accuracy, "shuffled": shuffled,
+                "drop": {layer: accuracy - value for layer, value in shuffled.items()}}

@@ -17,7 +17,7 @@ from store.artefacts import write_bytes
 from store.errors import LayerwaveError
 from tasks.data import load_model
 from tasks.heads.draft_head import DraftConfig, DraftHead, draft_vocabulary, target_to_draft
-from tasks.heads.layer_use import layer_use
+from tasks.heads.layer_use import LayerUse
 from tasks.heads.offline_tau import simulate_documents, summarize_rounds
 from tasks.heads.train_data import StoreBatches
 from tasks.heads.ttt import unroll
@@ -120,30 +120,37 @@ def learning_rate(step: int, total: int, config: TrainConfig) -> float:
 
 
 @torch.no_grad()
-def held_out_metrics(head: DraftHead, data: StoreBatches, config: TrainConfig, eos: int | None) -> dict:
+def held_out_metrics(head: DraftHead, data: StoreBatches, config: TrainConfig, eos: int | None,
+                     use: LayerUse | None = None) -> dict:
     """Held-out loss and accuracy per TTT step, and τ_offline of chain drafting along the held-out
     replies (meaningful when they are the target's own: a store of a regen: corpus); one read of the
     held-out shards serves both. `accuracy` is over every reply position (draft argmax = target
     argmax; an argmax outside the draft vocabulary is a miss), `coverage` the share of them whose
-    argmax the draft vocabulary holds, `accuracy_in_vocab` the accuracy over those alone."""
+    argmax the draft vocabulary holds, `accuracy_in_vocab` the accuracy over those alone; with
+    `use`, also `layer_use` (tasks/heads/layer_use.py) from the same batches."""
     index = target_to_draft(head.t2d)
     steps = config.ttt_steps
     loss, correct, covered, positions = (np.zeros(steps) for _ in range(4))
     gains = []
     for batches, documents in data.heldout_shards():
         for batch in batches:
-            for i, r in enumerate(unroll(head, batch.to(index.device), index, steps)):
+            batch = batch.to(index.device)
+            for i, r in enumerate(unroll(head, batch, index, steps)):
                 loss[i] += float(r.loss) * r.covered
                 correct[i] += r.correct
                 covered[i] += r.covered
                 positions[i] += r.positions
+            if use:
+                use.add(batch, index)
         gains += simulate_documents(head, documents, config.chain_depth, eos)
     if not positions.any():
         raise LayerwaveError("the held-out split has no loss-masked tokens; extract more --tokens")
-    return {"loss": (loss / np.maximum(covered, 1)).tolist(), "accuracy": (correct / np.maximum(positions, 1)).tolist(),
-            "accuracy_in_vocab": (correct / np.maximum(covered, 1)).tolist(),
-            "coverage": (covered / np.maximum(positions, 1)).tolist(), "tokens": positions.astype(int).tolist(),
-            "tau_offline": summarize_rounds(gains, config.chain_depth)}
+    accuracy = correct / np.maximum(positions, 1)
+    metrics = {"loss": (loss / np.maximum(covered, 1)).tolist(), "accuracy": accuracy.tolist(),
+               "accuracy_in_vocab": (correct / np.maximum(covered, 1)).tolist(),
+               "coverage": (covered / np.maximum(positions, 1)).tolist(), "tokens": positions.astype(int).tolist(),
+               "tau_offline": summarize_rounds(gains, config.chain_depth)}
+    return metrics | ({"layer_use": use.summary(float(accuracy[0]), int(positions[0]))} if use else {})
 
 
 def train(store: str, model_key: str, layers: list[int], out: Path, config: TrainConfig,
@@ -205,7 +212,7 @@ def train(store: str, model_key: str, layers: list[int], out: Path, config: Trai
             optimizer.step()
             step, tokens = step + 1, tokens + batch.tokens
             if step % config.eval_every == 0 or step == total:
-                metrics = held_out_metrics(head, data, config, eos)
+                metrics = held_out_metrics(head, data, config, eos, LayerUse(head, config.seed) if step == total else None)
                 history.append({"step": step, "train_loss": loss.item(), **metrics})
                 log(f"step {step}/{total} loss {loss.item():.3f} held-out accuracy per TTT step "
                     + " ".join(f"{a:.3f}" for a in metrics["accuracy"])
@@ -223,14 +230,14 @@ def train(store: str, model_key: str, layers: list[int], out: Path, config: Trai
                 break
     elapsed = time.perf_counter() - started
     _save(checkpoint, head, optimizer, step, history, untrained, layers, config, source)
-    use = layer_use(head, data, config.seed)
-    log("held-out step-0 accuracy with one layer's states shuffled: "
-        + ", ".join(f"layer {layer} {value:.3f}" for layer, value in use["shuffled"].items())
-        + f" (none shuffled {use['accuracy']:.3f})")
+    use = history[-1].get("layer_use") if history else None
+    if use:
+        log("held-out step-0 accuracy with one layer's states shuffled: "
+            + ", ".join(f"layer {layer} {value:.3f}" for layer, value in use["shuffled"].items())
+            + f" (none shuffled {use['accuracy']:.3f})")
     return head.cpu(), {"layers": layers, "model": model_key, "data_plan_hash": source, "config": asdict(config),
             "steps": step, "total_steps": total, "trainable_parameters": head.trainable_parameters(),
             "untrained": untrained, "history": history, "final": history[-1] if history else untrained,
-            "layer_use": use,
             "token_passes": tokens, "tokens_per_s": tokens / elapsed if elapsed > 0 else None,
             "finished": step >= total}
 
