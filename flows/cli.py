@@ -148,8 +148,10 @@ def _run_evaluate(args) -> dict:
     else:
         print(f"{request.bench} ({request.draft}): τ {result['tau']:.2f}, speed-up {_speedup(result)} "
               f"({result['tokens_per_s']:.1f} vs {result['baseline_tokens_per_s']:.1f} tokens/s), "
-              f"lossless {result['lossless']}, acceptance per position "
-              + " ".join(f"{p:.2f}" for p in result["per_position"])
+              f"lossless {result['lossless']}"
+              + (f", auto chose {result['auto']['why']}" if result.get("auto") else "")
+              + (", acceptance per position " + " ".join(f"{p:.2f}" for p in result["per_position"])
+                 if result["per_position"] else "")
               + (f"; busy machine on prompts {result['contention']['busy_prompts']}"
                  if result["contention"]["flagged"] else ""))
     return result
@@ -163,14 +165,15 @@ def _speedup(result: dict) -> str:
 
 def comparison_table(result: dict) -> str:
     """`evaluate --compare` as a Markdown table, the target alone first."""
+    from tasks.decode.draft_auto import label as label_of
+
     first = next(iter(result["compare"].values()))
     lines = [f"{result['bench']}, {result['prompts']} prompts: median per-prompt speed-up over the target alone "
              "(95% bootstrap interval)", "", "| decoder | τ | tokens/s | speed-up | lossless |", "|---|---:|---:|---|---|",
              f"| target alone | 1.00 | {first['baseline_tokens_per_s']:.1f} | 1.00x | True |"]
     auto = result.get("auto") or {}
     for name, r in result["compare"].items():
-        label = f"auto (depth {auto['depth']})" if name == "auto" and auto.get("depth") else \
-            "auto (the target alone)" if name == "auto" else name
+        label = f"auto ({label_of(auto['choice'])})" if name == "auto" else name
         lines.append(f"| {label} | {r['tau']:.2f} | {r['tokens_per_s']:.1f} | {_speedup(r)} | {r['lossless']} |")
     busy = {name: r["contention"] for name, r in result["compare"].items() if r["contention"]["flagged"]}
     if busy:

@@ -18,17 +18,21 @@ from tasks.request import checked
 def evaluate(model: str = DEFAULT_MODEL, head: str = "", bench: str = "mt-bench", limit: int | None = 10,
              max_new_tokens: int = 128, depth: int = 4, store: str | None = None, temperature: float = 0.0,
              seed: int = 0, draft: str = "chain", tree_topk: int = TreeShape.topk,
-             tree_tokens: int = TreeShape.tokens, device: str = "auto", compare: bool = False,
-             repeat: int = 1) -> dict:
-    """Speculative decoding of `bench` prompts with `head`, against the target decoding alone, on
-    `device` (auto: CUDA when present). `draft`: "chain" (`depth` tokens per round), "tree"
-    (EAGLE-2 dynamic tree `depth` levels deep, `tree_topk` children per expanded node,
-    `tree_tokens` nodes verified per round) or "auto" (the chain depth, or the target alone, with
-    the most expected tokens per second). `compare`: prompt lookup, chain, tree and auto side by
-    side, each against the target alone on the same prompts. `repeat`: each prompt timed that many
-    times, each side's median kept."""
-    evaluation = checked(EvaluateRequest(model, head, bench, limit, max_new_tokens, depth, store, temperature, seed,
-                                         draft, tree_topk, tree_tokens, device, compare, repeat))
+             tree_tokens: int = TreeShape.tokens, device: str = "auto", precision: str = "auto",
+             compare: bool = False, repeat: int = 1) -> dict:
+    """Speculative decoding of `bench` prompts against the target decoding alone, on `device`
+    (auto: CUDA when present), the target in `precision` (auto: bfloat16 where native). `draft`:
+    "chain" (the head drafts `depth` tokens per round), "tree" (EAGLE-2 dynamic tree `depth`
+    levels deep, `tree_topk` children per expanded node, `tree_tokens` nodes verified per round),
+    "lookup" (copies from the context's own n-grams; no head), "hybrid" (the head's chain and the
+    copy verified together) or "auto" (whichever has the most expected tokens per second).
+    `compare`: Hugging Face prompt lookup and every draft side by side, each against the target
+    alone on the same prompts. `repeat`: each prompt timed that many times, each side's median kept."""
+    evaluation = checked(EvaluateRequest(model=model, head=head, bench=bench, limit=limit,
+                                         max_new_tokens=max_new_tokens, depth=depth, store=store,
+                                         temperature=temperature, seed=seed, draft=draft, tree_topk=tree_topk,
+                                         tree_tokens=tree_tokens, device=device, precision=precision,
+                                         compare=compare, repeat=repeat))
     result = evaluate_task(evaluation)
     results = result["compare"] if compare else {draft: result}
     create_table_artifact(key="speculative-decoding", table=[{"decoder": name, **{k: r[k] for k in (

@@ -6,4 +6,4 @@ DEFAULT_STORE = "layerwave.zarr"
 EAGLE3_DEFAULT = "eagle3-default"  # the method name of every framework's [2, N//2, N-3]
 RANDOM_PREFIX = "random-"  # random control sets are random-0, random-1, ...
 FIXED_BASELINES = ("even", "last-k")  # the baselines that are neither the default nor random
-DRAFTS = ("chain", "tree", "auto")  # how `layerwave evaluate` drafts
+DRAFTS = ("chain", "tree", "lookup", "hybrid", "auto")  # how `layerwave evaluate` drafts

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from flows.cli import main
-from tasks.decode.draft_auto import choose_depth, expected_tokens
+from tasks.decode.draft_auto import choose, expected_tokens
 from tasks.decode.round_profile import OVERHEAD, profile_rounds
 from tasks.decode.side_by_side import Decoder, contention, median_ci95, side_by_side, summarize
 from tasks.decode.spec_decode import Generation, accept_greedy, accept_greedy_lazily, plain_generate
@@ -83,10 +83,12 @@ def test_repeat_times_every_prompt_again_and_keeps_each_sides_median():
 
 def test_auto_picks_the_depth_with_the_most_expected_tokens_per_second():
     assert expected_tokens([0.5, 0.25, 0.1], 2) == 1.75
-    strong = choose_depth([0.5, 0.25], {1: 1.2, 2: 1.5}, plain_step=1.0)  # 1.25 and 1.17 tokens per step
-    assert strong["depth"] == 1 and strong["expected_speedup"] == pytest.approx(1.5 / 1.2)
-    weak = choose_depth([0.05, 0.01], {1: 1.3, 2: 1.5}, plain_step=1.0)  # no depth pays for its round
-    assert weak["depth"] == 0 and weak["expected_speedup"] == 1.0
+    def chains(per_position, seconds):
+        return {"target": (1.0, 1.0)} | {f"chain {d}": (expected_tokens(per_position, d), s) for d, s in seconds.items()}
+    strong = choose(chains([0.5, 0.25], {1: 1.2, 2: 1.5}))  # 1.25 and 1.17 tokens per step
+    assert strong["choice"] == "chain 1" and strong["expected_speedup"] == pytest.approx(1.5 / 1.2)
+    weak = choose(chains([0.05, 0.01], {1: 1.3, 2: 1.5}))  # no depth pays for its round
+    assert weak["choice"] == "target" and weak["expected_speedup"] == 1.0
 
 
 def test_the_profile_accounts_for_the_whole_round(tiny, regen):
@@ -98,7 +100,7 @@ def test_the_profile_accounts_for_the_whole_round(tiny, regen):
         assert sum(parts.values()) == pytest.approx(profile["round_ms"])
         assert parts[OVERHEAD] >= 0 and "observe" in parts
         assert ({"draft step 1", "draft step 3", "verify: target layers"} if tree is None
-                else {"draft tree", "verify: target forward"}) <= parts.keys()
+                else {"draft tree", "verify: target layers"}) <= parts.keys()
 
 
 def test_evaluate_compare_runs_every_decoder_losslessly(regen, tmp_path, capsys):
@@ -107,9 +109,10 @@ def test_evaluate_compare_runs_every_decoder_losslessly(regen, tmp_path, capsys)
     assert main(["evaluate", "--model", TINY, "--head", head, "--bench", "mt-bench", "--limit", "2",
                  "--max-new-tokens", "12", "--depth", "3", "--compare", "--json", str(out)]) == 0
     result = json.loads(out.read_text())
-    assert list(result["compare"]) == ["prompt-lookup", "chain", "tree", "auto"]
+    assert list(result["compare"]) == ["prompt-lookup", "lookup", "chain", "tree", "hybrid", "auto"]
     assert result["lossless"] is True and all(r["lossless"] for r in result["compare"].values())
-    assert result["auto"]["source"] == "training.json" and 0 <= result["auto"]["depth"] <= 4
+    assert result["auto"]["source"] == "training.json" and result["auto"]["choice"] in (
+        "target", "lookup", "tree", "hybrid", "chain 1", "chain 2", "chain 3", "chain 4")
     for r in result["compare"].values():
         assert r["prompts"] == 2 and r["tau"] >= 1.0 and r["speedup"] > 0
     table = capsys.readouterr().out

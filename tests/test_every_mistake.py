@@ -72,7 +72,7 @@ CASES = {
     "evaluate --temperature -1": (lambda w: ["evaluate", "--model", TINY, "--head", w["head"],
                                              "--temperature", "-1"], "--temperature must be >= 0"),
     "evaluate --draft foo": (lambda w: ["evaluate", "--model", TINY, "--head", w["head"], "--draft", "foo"],
-                             "unknown --draft 'foo'; use chain, tree or auto"),
+                             "unknown --draft 'foo'; use chain, tree, lookup, hybrid or auto"),
     "evaluate --bench wiki": (lambda w: ["evaluate", "--model", TINY, "--head", w["head"], "--bench", "wiki"],
                               "unknown --bench 'wiki'"),
     "evaluate without --head": (lambda w: ["evaluate", "--model", TINY], "the following arguments are required: --head"),

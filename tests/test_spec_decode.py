@@ -31,6 +31,8 @@ def untrained_like(head: DraftHead) -> DraftHead:
 class OracleDrafter:
     """Proposes the target's own greedy continuation: every draft is accepted."""
 
+    drafts_trees = False
+
     def __init__(self, target, prompt):
         self.target, self.context = target, list(prompt[:1])
 

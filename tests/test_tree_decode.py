@@ -188,6 +188,6 @@ def test_evaluate_cli_with_a_tree(trained, tmp_path, capsys):
         assert main(["evaluate", "--model", TINY, "--head", str(head_dir), *argv]) == 2
         err = capsys.readouterr().err.strip()
         assert len(err.splitlines()) == 1 and err.startswith("layerwave: error:") and expected in err, err
-    refused(["--draft", "foo"], "unknown --draft 'foo'; use chain, tree or auto")
+    refused(["--draft", "foo"], "unknown --draft 'foo'; use chain, tree, lookup, hybrid or auto")
     refused(["--draft", "tree", "--tree-tokens", "0"], "--tree-tokens must be at least 1")
     refused(["--draft", "tree", "--tree-topk", "0"], "--tree-topk must be between 1 and")

@@ -1,20 +1,27 @@
 """The ways to decode a prompt that an evaluation compares, each a `Decoder` over one prompt.
 
 `target` is Hugging Face `generate` alone, the baseline of every speed-up; `prompt-lookup` is
-Hugging Face's own head-free speculative decoding, what a user already has; `chain`, `tree`
-and `auto` are layerwave's head: a fixed-depth chain, an EAGLE-2 tree, and the chain depth (or
-the target alone) that the head's acceptance and this device's measured round cost favour.
+Hugging Face's own head-free speculative decoding, what a user already has. The rest run
+layerwave's loop (tasks/decode/spec_decode.py): `lookup` copies from the context without a head,
+`chain` and `tree` draft with the head (a fixed-depth chain, an EAGLE-2 tree), `hybrid` verifies
+the head's chain and the context's copy together, and `auto` is whichever of these (or the target
+alone) the measured acceptance and this device's round cost favour (tasks/decode/draft_auto.py).
 """
 
 from __future__ import annotations
 
 import torch
 
+from tasks.decode.context_lookup import LOOKUP_TOKENS
+from tasks.decode.draft_auto import TARGET
 from tasks.decode.side_by_side import Decoder
-from tasks.decode.spec_decode import HeadDrafter, plain_generate, speculative_generate
+from tasks.decode.spec_decode import HeadDrafter, HybridDrafter, LookupDrafter, plain_generate, speculative_generate
+from tasks.decode.stopwatch import NO_STOPWATCH
 from tasks.decode.tree_shape import TreeShape
 
-COMPARED = ("prompt-lookup", "chain", "tree", "auto")  # --compare: each beside the target alone
+COMPARED = ("prompt-lookup", "lookup", "chain", "tree", "hybrid", "auto")  # --compare: each beside the target
+HEADLESS = ("lookup",)  # decoders that need no head
+MEASURED = ("lookup", "tree", "hybrid")  # what `auto` measures on a calibration prompt besides chain depths
 PROMPT_LOOKUP_TOKENS = 10  # draft tokens per lookup (the value Hugging Face's documentation uses)
 
 
@@ -22,26 +29,38 @@ def baseline(target, max_new_tokens: int, eos: int | None, temperature: float) -
     return Decoder("target", lambda prompt: plain_generate(target, prompt, max_new_tokens, eos, temperature))
 
 
-def decoder(name: str, target, head, *, max_new_tokens: int, depth: int, eos: int | None, temperature: float,
-            generator: torch.Generator, tree: TreeShape, auto_depth: int | None = None) -> Decoder:
-    """One named decoder; `auto_depth` is the depth an `auto_plan` chose (0: the target alone)."""
-    def chain(chain_depth: int, shape: TreeShape | None = None):
-        return lambda prompt: speculative_generate(target, head.config.layers, HeadDrafter(head), prompt,
-                                                   max_new_tokens, chain_depth, eos, temperature, generator, shape)
+def drafted(name: str, target, head, *, max_new_tokens: int, depth: int, eos: int | None, temperature: float,
+            generator: torch.Generator, tree: TreeShape):
+    """decode(prompt, stopwatch) of one of layerwave's drafting decoders: lookup, chain, tree,
+    hybrid, or `chain D` (a chain `auto` chose)."""
+    def decode(prompt: list[int], stopwatch=NO_STOPWATCH):
+        if name == "lookup":
+            drafter, layers, draft_depth = LookupDrafter(prompt[0], target.config.vocab_size), [], LOOKUP_TOKENS
+        else:
+            drafter = (HybridDrafter(head, prompt[0], stopwatch) if name == "hybrid"
+                       else HeadDrafter(head, stopwatch))
+            layers, draft_depth = head.config.layers, int(name.split()[1]) if name.startswith("chain ") else depth
+        return speculative_generate(target, layers, drafter, prompt, max_new_tokens, draft_depth, eos, temperature,
+                                    generator, tree if name == "tree" else None, stopwatch)
+    return decode
 
+
+def decoder(name: str, target, head, *, auto_choice: str | None = None, **options) -> Decoder:
+    """One named decoder; `auto_choice` is the candidate an `auto_plan` chose."""
     if name == "prompt-lookup":
-        return Decoder(name, lambda prompt: plain_generate(target, prompt, max_new_tokens, eos, temperature,
-                                                           prompt_lookup=PROMPT_LOOKUP_TOKENS))
-    if name == "chain":
-        return Decoder(name, chain(depth))
-    if name == "tree":
-        return Decoder(name, chain(depth, tree))
+        return Decoder(name, lambda prompt: plain_generate(target, prompt, options["max_new_tokens"], options["eos"],
+                                                           options["temperature"], prompt_lookup=PROMPT_LOOKUP_TOKENS))
     if name == "auto":
-        return Decoder(name, chain(auto_depth) if auto_depth else baseline(target, max_new_tokens, eos,
-                                                                            temperature).decode)
-    raise ValueError(f"unknown decoder {name!r}")
+        if auto_choice == TARGET:
+            return Decoder(name, baseline(target, options["max_new_tokens"], options["eos"],
+                                          options["temperature"]).decode)
+        return Decoder(name, drafted(auto_choice, target, head, **options))
+    return Decoder(name, drafted(name, target, head, **options))
 
 
-def depth_of(name: str, depth: int, auto_depth: int | None) -> int | None:
-    """Draft positions whose acceptance a decoder's summary reports."""
-    return {"chain": depth, "tree": depth, "auto": auto_depth or None}.get(name)
+def depth_of(name: str, depth: int, auto_choice: str | None) -> int | None:
+    """Draft positions whose acceptance a decoder's summary reports (a head's chain or tree)."""
+    if name == "auto" and auto_choice:
+        name = "chain" if auto_choice.startswith("chain ") else auto_choice
+        depth = int(auto_choice.split()[1]) if auto_choice.startswith("chain ") else depth
+    return depth if name in ("chain", "tree") else None

@@ -1,11 +1,14 @@
-"""`--draft auto`: the chain depth that maximises expected tokens per second on this device.
+"""`--draft auto`: the decoder with the most expected tokens per second on this device.
 
-A chain of depth d emits 1 + p_1 + … + p_d tokens per round on average, where p_i is the head's
-measured chance that draft position i is accepted (every earlier one accepted too: the offline
-τ's acceptance per position), and costs one round of measured seconds. Depth 0 is the target
-decoding alone, at one token per plain step. The best depth is the largest expected rate
-(EAGLE-2's idea of letting acceptance shape the draft, driven here by measured cost), so a head
-too weak to pay for its rounds decodes with the target alone instead of slowing it down.
+Every candidate is a number of tokens per round and the seconds a round costs here: the target
+alone emits one token per plain step; a chain of depth d emits 1 + p_1 + … + p_d tokens per
+round, where p_i is the head's measured chance that draft position i is accepted (every earlier
+one accepted too: the offline τ's acceptance per position), in one round of measured seconds;
+the tree, the context's copy (`lookup`) and `hybrid` emit the τ they reach on a calibration
+prompt, in the round time measured there (their acceptance depends on the text, so no offline
+profile predicts it). The choice is the largest ratio (EAGLE-2's idea of letting acceptance shape
+the draft, driven here by measured cost), so a head too weak to pay for its rounds decodes with
+the target alone instead of slowing it down.
 """
 
 from __future__ import annotations
@@ -16,7 +19,8 @@ from tasks.decode.round_profile import plain_step_seconds
 from tasks.decode.spec_decode import HeadDrafter, speculative_generate
 from tasks.decode.stopwatch import Stopwatch
 
-CALIBRATION_ROUNDS = 12  # rounds timed per depth
+CALIBRATION_ROUNDS = 12  # rounds timed per chain depth
+TARGET = "target"  # the candidate that decodes with the target alone
 
 
 def recorded_acceptance(head_dir: str) -> list[float] | None:
@@ -41,27 +45,51 @@ def round_seconds(target, head, prompt: list[int], depth: int, eos_token_id: int
     return stopwatch.seconds["round"] / max(stopwatch.calls["round"], 1)
 
 
-def choose_depth(per_position: list[float], seconds_per_round: dict[int, float], plain_step: float) -> dict:
-    """The depth (0: the target alone) with the largest expected tokens per second."""
-    rates = {0: 1.0 / plain_step} | {d: expected_tokens(per_position, d) / s for d, s in seconds_per_round.items()}
+def label(candidate: str) -> str:
+    return "target alone" if candidate == TARGET else candidate
+
+
+def choose(candidates: dict[str, tuple[float, float]]) -> dict:
+    """The candidate with the most expected tokens per second, from (tokens per round, seconds per
+    round) of each (`TARGET` among them), and a line that says why."""
+    rates = {name: tokens / seconds for name, (tokens, seconds) in candidates.items()}
     best = max(rates, key=rates.get)
-    return {"depth": best, "expected_tokens_per_s": {str(d): r for d, r in rates.items()},
-            "expected_speedup": rates[best] * plain_step, "per_position": per_position,
-            "round_seconds": {str(d): s for d, s in seconds_per_round.items()}, "plain_step_seconds": plain_step}
+    others = ", ".join(f"{label(name)} {rate:.1f}" for name, rate in sorted(rates.items(), key=lambda kv: -kv[1])
+                       if name != best)
+    return {"choice": best, "expected_speedup": rates[best] / rates[TARGET], "expected_tokens_per_s": rates,
+            "why": f"{label(best)}: {rates[best]:.1f} tokens/s expected ({others})",
+            "candidates": {name: {"tokens_per_round": tokens, "seconds_per_round": seconds}
+                           for name, (tokens, seconds) in candidates.items()}}
 
 
-def auto_plan(target, head, prompt: list[int], per_position: list[float], eos: int | None,
-              max_new_tokens: int) -> dict:
-    """Measure this device's round cost at every depth the acceptance profile covers and the plain
-    step on `prompt`, then choose. One untimed pass first (the first rounds
-    pay for allocation and kernel selection), then the depths timed up and down again, so slow
-    drift of the machine weighs on every depth alike."""
+def chain_candidates(target, head, prompt: list[int], per_position: list[float], eos: int | None) -> dict:
+    """Each chain depth the acceptance profile covers: its expected tokens per round and its
+    round time on `prompt`. One untimed pass first (the first rounds pay for allocation and
+    kernel selection), then the depths timed up and down again, so slow drift of the machine
+    weighs on every depth alike."""
     depths = list(range(1, len(per_position) + 1))
     round_seconds(target, head, prompt, depths[-1], eos)
     seconds = {depth: 0.0 for depth in depths}
     for depth in depths + depths[::-1]:
         seconds[depth] += round_seconds(target, head, prompt, depth, eos) / 2
-    return choose_depth(per_position, seconds, plain_step_seconds(target, [prompt], max_new_tokens, eos))
+    return {f"chain {depth}": (expected_tokens(per_position, depth), seconds[depth]) for depth in depths}
+
+
+def measured_candidate(decode, prompt: list[int], device) -> tuple[float, float]:
+    """(τ, seconds per round) of `decode(prompt, stopwatch)` on `prompt`."""
+    stopwatch = Stopwatch(device)
+    generation = decode(prompt, stopwatch)
+    return generation.tau, stopwatch.seconds["round"] / max(stopwatch.calls["round"], 1)
+
+
+def auto_plan(target, head, prompt: list[int], per_position: list[float], eos: int | None, max_new_tokens: int,
+              measured: dict) -> dict:
+    """Measure every candidate on `prompt` (`measured`: name → decode(prompt, stopwatch), the
+    decoders whose τ depends on the text), then choose."""
+    candidates = {TARGET: (1.0, plain_step_seconds(target, [prompt], max_new_tokens, eos))}
+    candidates |= chain_candidates(target, head, prompt, per_position, eos)
+    candidates |= {name: measured_candidate(decode, prompt, target.device) for name, decode in measured.items()}
+    return {**choose(candidates), "per_position": per_position}
 
 
 def acceptance_profile(head_dir: str, measure=None) -> tuple[list[float], str]:

@@ -17,7 +17,7 @@ from tasks.data import load_model
 from tasks.data.prompts import (checked_prompts, encode_prompts, first_turns, fitting_prompts, heldout_prompts,
                                 used_records)
 from tasks.data.registry import store_key
-from tasks.decode.decoders import COMPARED, baseline, decoder, depth_of
+from tasks.decode.decoders import COMPARED, MEASURED, baseline, decoder, depth_of, drafted
 from tasks.decode.draft_auto import acceptance_profile, auto_plan
 from tasks.decode.request import Evaluation
 from tasks.decode.side_by_side import side_by_side, summarize
@@ -27,27 +27,32 @@ from tasks.heads.export_head import load_exported
 from tasks.heads.offline_tau import offline_tau
 from tasks.heads.train_data import StoreBatches
 from tasks.heads.train_head import TrainConfig
+from tasks.precision import resolve_precision
 
 
-def load_pair(model: str, head_dir: str, device: str = "auto"):
-    """Target and head on `device` (the head in the precision it drafts in: `for_drafting`), refusing
-    a head made for another model or for layers the model lacks. Loaded once per process: the
-    request's check and the work share them (a head rewritten on disk is loaded afresh)."""
+def load_pair(model: str, head_dir: str, device: str = "auto", precision: str = "float32"):
+    """Target in `precision` (tasks/precision.py) and head on `device` (the head in the precision it
+    drafts in: `for_drafting`; None without `head_dir`), refusing a head made for another model or
+    for layers the model lacks. Loaded once per process: the request's check and the work share
+    them (a head rewritten on disk is loaded afresh)."""
+    dtype = resolve_precision(precision, load_model.pick_device(device))
+    if not head_dir:
+        return load_model.load(model, device, dtype), None
     head = location(head_dir)
     if not (head / "config.json").is_file():
         raise LayerwaveError(f"--head {head_dir} has no config.json; pass a directory written by `layerwave train`")
     files = [head / name for name in ("config.json", "model.safetensors")]
-    return _load_pair(model, str(head.resolve()), device,
+    return _load_pair(model, str(head.resolve()), device, dtype,
                       tuple((p.stat().st_mtime, p.stat().st_size) if p.exists() else None for p in files))
 
 
 @functools.lru_cache(maxsize=2)
-def _load_pair(model: str, head_dir: str, device: str, _signature: tuple):
+def _load_pair(model: str, head_dir: str, device: str, dtype: str, _signature: tuple):
     key, trained_on = store_key(model), training_split(head_dir)[2]
     if trained_on is not None and trained_on != key:
         raise LayerwaveError(f"head {head_dir} was trained on {trained_on}'s activations, not {key}'s; pass "
                              f"--model {trained_on} or a head trained for {key}")
-    target = load_model.load(model, device, "auto")
+    target = load_model.load(model, device, dtype)
     head = load_exported(head_dir, embeddings=target.model.get_input_embeddings().weight.detach().float())
     c, t = head.config, target.model.config
     if (c.hidden_size, c.vocab_size) != (t.hidden_size, t.vocab_size):
@@ -94,23 +99,26 @@ def evaluate_task(evaluation: Evaluation) -> dict:
     eos = target.tokenizer.eos_token_id
     plain_generate(target.model, prompts[0], 2, eos)  # warm-up, untimed
     names = list(COMPARED) if r.compare else [r.draft]
+    options = {"max_new_tokens": r.max_new_tokens, "depth": r.depth, "eos": eos, "temperature": r.temperature,
+               "generator": torch.Generator().manual_seed(r.seed), "tree": TreeShape(r.tree_topk, r.tree_tokens)}
     plan = None
     if "auto" in names:
         measure = measured_acceptance(head, r.head, r.store, evaluation.model_key, eos) if r.store else None
         per_position, source = acceptance_profile(r.head, measure)
-        plan = {**auto_plan(target.model, head, prompts[0], per_position, eos, r.max_new_tokens), "source": source}
-        logger.info("auto: depth %d (0 = the target alone), expected %.2fx, from acceptance per position %s (%s)",
-                    plan["depth"], plan["expected_speedup"], " ".join(f"{p:.2f}" for p in per_position), source)
-    options = {"max_new_tokens": r.max_new_tokens, "depth": r.depth, "eos": eos, "temperature": r.temperature,
-               "generator": torch.Generator().manual_seed(r.seed), "tree": TreeShape(r.tree_topk, r.tree_tokens),
-               "auto_depth": plan and plan["depth"]}
+        calibration = {name: drafted(name, target.model, head, **options) for name in MEASURED}
+        plan = {**auto_plan(target.model, head, prompts[0], per_position, eos, r.max_new_tokens, calibration),
+                "source": source}
+        logger.info("auto: %s; chain acceptance per position %s (%s)", plan["why"],
+                    " ".join(f"{p:.2f}" for p in per_position), source)
+    choice = plan and plan["choice"]
     rows = side_by_side(baseline(target.model, r.max_new_tokens, eos, r.temperature),
-                        [decoder(name, target.model, head, **options) for name in names], prompts, logger.info,
-                        r.repeat)
-    results = {name: summarize(rows[name], depth_of(name, r.depth, options["auto_depth"]), sampled=r.temperature > 0)
+                        [decoder(name, target.model, head, auto_choice=choice, **options) for name in names], prompts,
+                        logger.info, r.repeat)
+    results = {name: summarize(rows[name], depth_of(name, r.depth, choice), sampled=r.temperature > 0)
                for name in names}
     settings = {"draft": r.draft, "tree_topk": r.tree_topk, "tree_tokens": r.tree_tokens,
-                "device": str(target.device), "auto": plan, "repeat": r.repeat}
+                "device": str(target.device), "precision": str(target.model.dtype).removeprefix("torch."),
+                "auto": plan, "repeat": r.repeat}
     if r.compare:
         return {"compare": results, **settings, "prompts": len(prompts), "depth": r.depth,
                 "lossless": all(row["lossless"] is not False for row in results.values())}

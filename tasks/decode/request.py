@@ -21,7 +21,7 @@ class EvaluateRequest:
     """Speculative decoding of a benchmark's prompts with a trained head, against the target alone."""
 
     model: str = option(DEFAULT_MODEL, "registry id (see `layerwave models`) or hf:PATH")
-    head: str = option("", "directory written by `layerwave train`", required=True)
+    head: str = option("", "directory written by `layerwave train` (every --draft but lookup drafts with it)")
     bench: str = option("mt-bench", "mt-bench (first turns), sharegpt (held out), heldout (the exact prompts of "
                         "the head's held-out documents in --store) or jsonl:PATH")
     limit: int | None = option(10, "number of prompts (default 10); with --offline, held-out documents "
@@ -33,20 +33,24 @@ class EvaluateRequest:
                                "--offline, the store whose held-out replies are simulated")
     temperature: float = option(0.0, "0 = greedy (checked lossless); > 0 samples")
     seed: int = option(0, "sampling seed")
-    draft: str = option("chain", "chain, tree (EAGLE-2 dynamic tree) or auto (the chain depth, or the target "
-                        "alone, with the most expected tokens/s from the head's acceptance per position and this "
-                        "device's measured round cost)")
+    draft: str = option("chain", "chain, tree (EAGLE-2 dynamic tree), lookup (copies from the context's own "
+                        "n-grams, no head), hybrid (the head's chain and the context's copy verified together) or "
+                        "auto (whichever of these, or the target alone, has the most expected tokens/s from measured "
+                        "acceptance and this device's round cost; it says why)")
     tree_topk: int = option(TreeShape.topk, "tree: children expanded per node and per level")
     tree_tokens: int = option(TreeShape.tokens, "tree: draft tokens verified per round")
     device: str = option("auto", "auto (CUDA when present), cpu or cuda")
-    compare: bool = option(False, "the target alone, Hugging Face prompt lookup, chain, tree and auto side by side "
-                           "on the same prompts")
+    precision: str = option("auto", "the target's precision, for every decoder and the baseline alike: auto "
+                            "(bfloat16 where the device computes it natively, else float32), float32 or bfloat16")
+    compare: bool = option(False, "the target alone, Hugging Face prompt lookup, lookup, chain, tree, hybrid and "
+                           "auto side by side on the same prompts")
     repeat: int = option(1, "time every prompt N times (order alternating) and keep each side's median: a "
                          "speed-up a busy moment cannot move")
 
     def check(self) -> Evaluation:
         """Every mistake, before generation starts; loads the target and head, and picks the prompts."""
         from tasks.data.registry import resolve
+        from tasks.decode.decoders import HEADLESS
         from tasks.decode.draft_auto import acceptance_profile
         from tasks.decode.evaluate import bench_prompts, load_pair
 
@@ -57,10 +61,13 @@ class EvaluateRequest:
             raise LayerwaveError(f"--temperature must be >= 0 (got {self.temperature}); 0 is greedy")
         if self.draft not in DRAFTS:
             raise LayerwaveError(f"unknown --draft {self.draft!r}; use {', '.join(DRAFTS[:-1])} or {DRAFTS[-1]}")
+        if not self.head and (self.compare or self.draft not in HEADLESS):
+            asked = "--compare" if self.compare else f"--draft {self.draft}"
+            raise LayerwaveError(f"{asked} drafts with a head: pass --head DIR, or use --draft lookup")
         if (self.compare or self.draft == "auto") and self.store is None:
             acceptance_profile(self.head)  # one line when the head records none and no store can measure it
-        target, head = load_pair(self.model, self.head, self.device)
-        if not 1 <= self.tree_topk <= head.config.draft_vocab_size:
+        target, head = load_pair(self.model, self.head, self.device, self.precision)
+        if head is not None and not 1 <= self.tree_topk <= head.config.draft_vocab_size:
             raise LayerwaveError(f"--tree-topk must be between 1 and the head's draft vocabulary of "
                                  f"{head.config.draft_vocab_size} (got {self.tree_topk})")
         model_key = resolve(self.model).key
@@ -75,7 +82,7 @@ class Evaluation:
     request: EvaluateRequest
     model_key: str
     target: Any  # tasks.data.load_model.Loaded
-    head: Any  # the draft head, ready to draft (tasks.decode.spec_decode.for_drafting)
+    head: Any  # the draft head, ready to draft (tasks.decode.spec_decode.for_drafting); None for lookup alone
     prompts: list[list[int]]
 
 

@@ -1,7 +1,8 @@
-"""Speculative decoding with a Hugging Face target and an EAGLE-3 draft head.
+"""Speculative decoding with a Hugging Face target and an EAGLE-3 draft head, the context's own
+n-grams, or both.
 
-Per round (chain drafting; tasks/decode/tree_decode.py drafts EAGLE-2 trees instead, with the same
-loop): the head drafts `depth` tokens after the last accepted one; the target verifies them
+Per round (chain drafting; tasks/decode/tree_decode.py verifies trees instead, with the same
+loop): the drafter drafts tokens after the last accepted one; the target verifies them
 in one forward pass (which also yields the hidden states the head reads next); an accepted prefix
 is kept plus one token from the target (the bonus, or the correction at the first rejection), and
 both KV caches are rolled back to it. Greedy: a draft is accepted when it is the target's own
@@ -17,6 +18,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from tasks.decode.context_lookup import ContextLookup
 from tasks.decode.stopwatch import NO_STOPWATCH, Stopwatch
 from tasks.decode.tree_decode import DraftTree, draft_tree, tree_round
 from tasks.decode.tree_shape import TreeShape
@@ -26,6 +28,8 @@ from tasks.precision import bf16_native
 
 class HeadDrafter:
     """The draft head with its KV cache over (target hidden state at t, token t+1) pairs."""
+
+    drafts_trees = False  # its trees are asked for with a `TreeShape`
 
     def __init__(self, head: DraftHead, stopwatch: Stopwatch = NO_STOPWATCH):
         self.head = head.eval()
@@ -68,6 +72,51 @@ class HeadDrafter:
     def propose_tree(self, depth: int, shape: TreeShape) -> DraftTree:
         """An EAGLE-2 dynamic tree `depth` levels deep after the last committed pair."""
         return draft_tree(self, depth, shape)
+
+
+class LookupDrafter:
+    """Drafts copied from the context (`ContextLookup`), no head: prompt lookup in this loop.
+    A copied draft is certain (its draft distribution one-hot), so rejection sampling accepts it
+    with the target's own probability and keeps the target's distribution."""
+
+    drafts_trees = False
+
+    def __init__(self, first_token: int, vocab_size: int):
+        self.lookup = ContextLookup([first_token])  # observe brings the rest
+        self.vocab_size = vocab_size
+
+    def observe(self, aux: torch.Tensor, next_tokens: torch.Tensor) -> None:
+        self.lookup.extend(next_tokens.tolist())
+
+    def propose(self, depth: int, temperature: float = 0.0, generator=None) -> tuple[list[int], list]:
+        """Up to `depth` copied tokens (none where the context never ended this way before)."""
+        drafts = self.lookup.propose(depth)
+        certain = [] if temperature == 0 else [torch.zeros(self.vocab_size).index_fill_(0, torch.tensor(token), 1.0)
+                                               for token in drafts]
+        return drafts, certain
+
+
+class HybridDrafter(HeadDrafter):
+    """The head's chain and the context's copy drafted together, verified as one tree whose two
+    branches share the prefix they agree on: the copy drafts repeated stretches for free, the
+    head what the context cannot. Both drafts are deterministic (the head's argmax), so the tree
+    walk's sampling keeps the target's distribution."""
+
+    drafts_trees = True
+
+    def __init__(self, head: DraftHead, first_token: int, stopwatch: Stopwatch = NO_STOPWATCH):
+        super().__init__(head, stopwatch)
+        self.lookup = ContextLookup([first_token])  # observe brings the rest
+
+    def observe(self, aux: torch.Tensor, next_tokens: torch.Tensor) -> None:
+        super().observe(aux, next_tokens)
+        self.lookup.extend(next_tokens.tolist())
+
+    def propose_tree(self, depth: int, shape: TreeShape | None = None) -> DraftTree:
+        """The head's `depth`-token chain beside the copy (`shape` is the chain's: unused)."""
+        with self.stopwatch.part("lookup"):
+            copied = self.lookup.propose()
+        return DraftTree.from_chains([self.propose(depth)[0], copied])
 
 
 def for_drafting(head: DraftHead, device: torch.device) -> DraftHead:
@@ -126,14 +175,17 @@ class Generation:
 
 
 def aux_states(hidden_states, layers: list[int]) -> torch.Tensor:
-    """(T, k·H) float32: the selected HF hidden_states entries of batch row 0, concatenated."""
+    """(T, k·H) float32: the selected HF hidden_states entries of batch row 0, concatenated
+    ((T, 0) for a drafter that reads none)."""
+    if not layers:
+        return hidden_states[0][0, :, :0].float()
     return torch.cat([hidden_states[layer][0].float() for layer in layers], dim=-1)
 
 
 @torch.no_grad()
 def chain_round(target, cache, drafter, last: int, depth: int, temperature: float = 0.0, generator=None,
                 stopwatch: Stopwatch = NO_STOPWATCH):
-    """One chain round: draft `depth` tokens after `last`, verify them in one target forward, crop
+    """One chain round: draft up to `depth` tokens after `last`, verify them in one target forward, crop
     the rejected ones from the target's cache. Returns what `tree_round` returns."""
     drafts, draft_probs = drafter.propose(depth, temperature, generator)
     greedy = temperature == 0  # then the logits are computed lazily, from the body's output
@@ -146,7 +198,7 @@ def chain_round(target, cache, drafter, last: int, depth: int, temperature: floa
                else accept_sampled(torch.softmax(out.logits[0].float() / temperature, -1).cpu(), draft_probs, drafts,
                                    generator))
     with stopwatch.part("cache crop"):
-        rejected = depth - (len(new) - 1)
+        rejected = len(drafts) - (len(new) - 1)
         if rejected:
             cache.crop(-rejected)  # a negative count removes that many positions
     return new, out.hidden_states, torch.arange(len(new), device=target.device)
@@ -169,7 +221,7 @@ def speculative_generate(target, layers: list[int], drafter, prompt: list[int], 
     result = Generation(tokens=generated)
     while not _finished(result.tokens, max_new_tokens, eos_token_id):
         with stopwatch.part("round"):
-            if tree is None:
+            if tree is None and not drafter.drafts_trees:
                 new, hidden_states, rows = chain_round(target, cache, drafter, result.tokens[-1], depth, temperature,
                                                        generator, stopwatch)
             else:

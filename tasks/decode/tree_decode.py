@@ -30,6 +30,24 @@ class DraftTree:
     parents: list[int]
     depths: list[int]
 
+    @classmethod
+    def from_chains(cls, chains: list[list[int]]) -> DraftTree:
+        """Chains drafted side by side as one tree: a prefix they share is verified once, then
+        each goes its own way (the first chain's node first among siblings)."""
+        tree = cls([], [], [])
+        for chain in chains:
+            node = -1
+            for depth, token in enumerate(chain, start=1):
+                shared = next((c for c in tree.children(node) if tree.tokens[c] == token), None)
+                node = tree._add(token, node, depth) if shared is None else shared
+        return tree
+
+    def _add(self, token: int, parent: int, depth: int) -> int:
+        self.tokens.append(token)
+        self.parents.append(parent)
+        self.depths.append(depth)
+        return len(self.tokens) - 1
+
     def children(self, node: int) -> list[int]:
         return [i for i, parent in enumerate(self.parents) if parent == node]
 
@@ -88,15 +106,20 @@ def tree_mask(tree: DraftTree, prefix: int, dtype: torch.dtype, device: torch.de
     return torch.zeros(seen.shape, dtype=dtype).masked_fill(~seen, torch.finfo(dtype).min)[None, None].to(device)
 
 
-def walk_greedy(tree: DraftTree, logits: torch.Tensor) -> tuple[list[int], int]:
+def walk_greedy(tree: DraftTree, lm_head, hidden: torch.Tensor) -> tuple[list[int], int]:
     """Follow the children equal to the target's argmax at their parent; at the first node with
-    none, the target's argmax there is the bonus token. Returns (accepted nodes, bonus)."""
-    choices = logits.argmax(-1).tolist()
+    none, the target's argmax there is the bonus token. Returns (accepted nodes, bonus). The
+    target's logits come from its final hidden states (1+n, H) one row at a time, only along the
+    walk: on a CPU each row of the lm_head costs about a sixth of a plain step, and most rows
+    of a tree are never reached."""
     path, node = [], -1
-    while (child := next((c for c in tree.children(node) if tree.tokens[c] == choices[1 + node]), None)) is not None:
+    while True:
+        choice = int(lm_head(hidden[1 + node]).argmax())
+        child = next((c for c in tree.children(node) if tree.tokens[c] == choice), None)
+        if child is None:
+            return path, choice
         path.append(child)
         node = child
-    return path, choices[1 + node]
 
 
 def walk_sampled(tree: DraftTree, probs: torch.Tensor, generator=None) -> tuple[list[int], int]:
@@ -126,11 +149,12 @@ def keep_positions(cache, keep: torch.Tensor) -> None:
 
 
 @torch.no_grad()
-def verify_tree(target, cache, tree: DraftTree, last: int):
+def verify_tree(target, cache, tree: DraftTree, last: int, logits: bool = True):
     """One target forward over the root `last` and every tree node, each attending to the cached
-    prefix and its own ancestors at position prefix + depth; the cache then holds all of them."""
+    prefix and its own ancestors at position prefix + depth; the cache then holds all of them.
+    Without `logits`, the target's body alone (its final hidden states, for `walk_greedy`)."""
     prefix, device = cache.get_seq_length(), target.device
-    return target(input_ids=torch.tensor([[last, *tree.tokens]], device=device), cache=cache,
+    return (target if logits else target.get_decoder())(input_ids=torch.tensor([[last, *tree.tokens]], device=device), cache=cache,
                   attention_mask=tree_mask(tree, prefix, target.dtype, device),
                   position_ids=prefix + torch.tensor([[0, *tree.depths]], device=device), output_hidden_states=True,
                   use_cache=True)
@@ -145,12 +169,12 @@ def tree_round(target, cache, drafter, last: int, depth: int, shape: TreeShape, 
     with stopwatch.part("draft tree"):
         tree = drafter.propose_tree(depth, shape)
     prefix = cache.get_seq_length()
-    with stopwatch.part("verify: target forward"):
-        out = verify_tree(target, cache, tree, last)
-    with stopwatch.part("accept"):
-        logits = out.logits[0].float()
-        path, bonus = (walk_sampled(tree, torch.softmax(logits / temperature, -1).cpu(), generator)
-                       if temperature > 0 else walk_greedy(tree, logits))
+    greedy = temperature == 0
+    with stopwatch.part("verify: target layers"):
+        out = verify_tree(target, cache, tree, last, logits=not greedy)
+    with stopwatch.part("target lm_head and accept"):
+        path, bonus = (walk_greedy(tree, target.get_output_embeddings(), out.last_hidden_state[0]) if greedy else
+                       walk_sampled(tree, torch.softmax(out.logits[0].float() / temperature, -1).cpu(), generator))
     with stopwatch.part("cache crop"):
         rows = torch.tensor([0] + [1 + node for node in path], device=target.device)
         keep_positions(cache, torch.cat([torch.arange(prefix, device=target.device), prefix + rows]))
