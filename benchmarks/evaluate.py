@@ -1,20 +1,22 @@
 """Speculative decoding on SmolLM2-135M side by side: the target alone, Hugging Face prompt
-lookup, and a store-trained head as chain, EAGLE-2 tree and auto, on the same prompts in the
-same run; then where a round's time goes.
+lookup, the context's copy alone (lookup), and a store-trained head as chain, EAGLE-2 tree,
+hybrid (head + copy) and auto, on the same prompts in the same run; then where a round's time
+goes.
 
     python benchmarks/evaluate.py [--tokens 20000] [--limit 5] [--max-new-tokens 64] [--depth 4]
                                   [--tree 4x16] [--store S --head DIR] [--device cpu]
-                                  [--benches mt-bench,sharegpt] [--out benchmarks/out/evaluate.json]
+                                  [--precision auto] [--benches mt-bench,sharegpt]
+                                  [--out benchmarks/out/evaluate.json]
 
 Extracts ShareGPT activations and trains a `quick` head on the EAGLE-3 default layers (or reuses
 `--head`, trained on `--store`), then runs `layerwave evaluate --compare` on MT-Bench first turns
 and held-out ShareGPT prompts: τ, tokens/s and the median per-prompt speed-up over the target
 alone with its 95% interval, every output checked token for token against the target's.
 
-The profile times each part of chain rounds (depth `--depth`) and tree rounds on the first bench's
-first 5 prompts, in milliseconds and in plain decoding steps, and the target's forward time per number
-of tokens verified: a round pays off only when τ exceeds its cost in plain steps. Writes
-benchmarks/out/evaluate.json.
+The profile times each part of chain (depth `--depth`), tree and hybrid rounds on the first
+bench's first 5 prompts, in milliseconds and in plain decoding steps, and the target's forward
+time per number of tokens verified, in float32 and in bfloat16 (where native): a round pays off
+only when τ exceeds its cost in plain steps. Writes benchmarks/out/evaluate.json.
 """
 
 from __future__ import annotations
@@ -38,10 +40,13 @@ from flows.evaluate import evaluate  # noqa: E402
 from flows.extract import extract  # noqa: E402
 from flows.train import train_head  # noqa: E402
 from tasks.data.registry import resolve  # noqa: E402
-from tasks.decode.decoders import PROMPT_LOOKUP_TOKENS  # noqa: E402
+from tasks.data import load_model  # noqa: E402
+from tasks.decode.context_lookup import LOOKUP_TOKENS  # noqa: E402
+from tasks.decode.decoders import PROMPT_LOOKUP_TOKENS, drafted  # noqa: E402
 from tasks.decode.evaluate import bench_prompts, load_pair  # noqa: E402
 from tasks.decode.round_profile import profile_rounds, profile_table  # noqa: E402
 from tasks.decode.tree_shape import TreeShape  # noqa: E402
+from tasks.precision import bf16_native  # noqa: E402
 
 PROFILED_PROMPTS = 5  # the round profile runs on the first bench's first prompts
 
@@ -77,6 +82,8 @@ def main() -> None:
     parser.add_argument("--head", help="reuse this trained head (with the --store it was trained on)")
     parser.add_argument("--benches", default="mt-bench,sharegpt", help="comma-separated")
     parser.add_argument("--device", default="auto", help="auto (CUDA when present), cpu or cuda")
+    parser.add_argument("--precision", default="auto", help="the target's: auto (bfloat16 where native), float32 "
+                        "or bfloat16")
     parser.add_argument("--out", default="benchmarks/out/evaluate.json")
     args = parser.parse_args()
     if args.head and not args.store:
@@ -97,25 +104,28 @@ def main() -> None:
     for bench in args.benches.split(","):
         result = evaluate(model=args.model, head=head, bench=bench, limit=args.limit,
                           max_new_tokens=args.max_new_tokens, depth=args.depth, store=store, tree_topk=topk,
-                          tree_tokens=tokens, device=args.device, compare=True)
+                          tree_tokens=tokens, device=args.device, precision=args.precision, compare=True)
         results["benches"][bench] = result  # per-prompt rows included, for the contention guard and re-analysis
         print(comparison_table(result))
         write(results, args.out)  # each bench as it finishes
-    target, drafter = load_pair(args.model, head, args.device)
+    target, drafter = load_pair(args.model, head, args.device, args.precision)
     prompts = bench_prompts(args.benches.split(",")[0], target, min(args.limit, PROFILED_PROMPTS),
                             args.max_new_tokens, store, resolve(args.model).key, head)
     eos = target.tokenizer.eos_token_id
-    chain = profile_rounds(target.model, drafter, prompts, args.max_new_tokens, args.depth, eos)
-    tree = profile_rounds(target.model, drafter, prompts, args.max_new_tokens, args.depth, eos,
-                          TreeShape(topk, tokens), plain_step=chain["plain_step_ms"] / 1000)
-    results["profile"] = [chain, tree]
-    for profile in results["profile"]:
-        print(profile_table(profile))
-    sizes = sorted({1, args.depth + 1, tokens + 1, PROMPT_LOOKUP_TOKENS + 1})
-    seconds = verify_seconds(target.model, sizes)
-    results["verify_seconds"] = {str(n): s for n, s in seconds.items()}
-    print("target forward after 256 cached tokens: " + ", ".join(
-        f"{n} token{'s' * (n > 1)} {1000 * s:.0f} ms ({s / seconds[1]:.2f}x)" for n, s in seconds.items()))
+    results["profile"], step = [], None
+    for name in ("chain", "tree", "hybrid"):
+        decode = drafted(name, target.model, drafter, max_new_tokens=args.max_new_tokens, depth=args.depth, eos=eos,
+                         temperature=0.0, generator=None, tree=TreeShape(topk, tokens))
+        results["profile"].append(profile_rounds(target.model, name, decode, prompts, args.max_new_tokens, eos, step))
+        step = results["profile"][0]["plain_step_ms"] / 1000
+        print(profile_table(results["profile"][-1]))
+    sizes = sorted({1, args.depth + 1, tokens + 1, PROMPT_LOOKUP_TOKENS + 1, args.depth + LOOKUP_TOKENS + 1})
+    results["verify_seconds"] = {}
+    for precision in ("float32", "bfloat16") if bf16_native(target.device) else ("float32",):
+        seconds = verify_seconds(load_model.load(args.model, args.device, precision).model, sizes)
+        results["verify_seconds"][precision] = {str(n): s for n, s in seconds.items()}
+        print(f"{precision} target forward after 256 cached tokens: " + ", ".join(
+            f"{n} token{'s' * (n > 1)} {1000 * s:.0f} ms ({s / seconds[1]:.2f}x)" for n, s in seconds.items()))
     write(results, args.out)
     print(f"wrote {args.out}")
 

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from flows.cli import main
+from tasks.decode.decoders import drafted
 from tasks.decode.draft_auto import choose, expected_tokens
 from tasks.decode.round_profile import OVERHEAD, profile_rounds
 from tasks.decode.side_by_side import Decoder, contention, median_ci95, side_by_side, summarize
@@ -84,7 +85,8 @@ def test_repeat_times_every_prompt_again_and_keeps_each_sides_median():
 def test_auto_picks_the_depth_with_the_most_expected_tokens_per_second():
     assert expected_tokens([0.5, 0.25, 0.1], 2) == 1.75
     def chains(per_position, seconds):
-        return {"target": (1.0, 1.0)} | {f"chain {d}": (expected_tokens(per_position, d), s) for d, s in seconds.items()}
+        return {"target": (1.0, 1.0)} | {f"chain {d}": (expected_tokens(per_position, d), s)
+                                         for d, s in seconds.items()}
     strong = choose(chains([0.5, 0.25], {1: 1.2, 2: 1.5}))  # 1.25 and 1.17 tokens per step
     assert strong["choice"] == "chain 1" and strong["expected_speedup"] == pytest.approx(1.5 / 1.2)
     weak = choose(chains([0.05, 0.01], {1: 1.3, 2: 1.5}))  # no depth pays for its round
@@ -93,21 +95,25 @@ def test_auto_picks_the_depth_with_the_most_expected_tokens_per_second():
 
 def test_the_profile_accounts_for_the_whole_round(tiny, regen):
     head = load_exported(Path(regen[2]))
-    for tree in (None, TreeShape(topk=2, tokens=6)):
-        profile = profile_rounds(tiny.model, head, prompts(tiny)[:2], 16, 3, None, tree)
+    for name in ("chain", "tree", "hybrid"):
+        decode = drafted(name, tiny.model, head, max_new_tokens=16, depth=3, eos=None, temperature=0.0,
+                         generator=None, tree=TreeShape(topk=2, tokens=6))
+        profile = profile_rounds(tiny.model, name, decode, prompts(tiny)[:2], 16, None)
         parts = {row["part"]: row["ms_per_round"] for row in profile["parts"]}
         assert profile["rounds"] > 0 and profile["plain_step_ms"] > 0
         assert sum(parts.values()) == pytest.approx(profile["round_ms"])
         assert parts[OVERHEAD] >= 0 and "observe" in parts
-        assert ({"draft step 1", "draft step 3", "verify: target layers"} if tree is None
-                else {"draft tree", "verify: target layers"}) <= parts.keys()
+        assert {"chain": {"draft step 1", "draft step 3", "verify: target layers"},
+                "tree": {"draft tree", "verify: target layers"},
+                "hybrid": {"draft step 3", "lookup", "verify: target layers"}}[name] <= parts.keys()
 
 
 def test_evaluate_compare_runs_every_decoder_losslessly(regen, tmp_path, capsys):
     store, _, head = regen
     out = tmp_path / "compare.json"
     assert main(["evaluate", "--model", TINY, "--head", head, "--bench", "mt-bench", "--limit", "2",
-                 "--max-new-tokens", "12", "--depth", "3", "--compare", "--json", str(out)]) == 0
+                 "--max-new-tokens", "12", "--depth", "3", "--compare", "--precision", "float32",  # exact identity
+                 "--json", str(out)]) == 0
     result = json.loads(out.read_text())
     assert list(result["compare"]) == ["prompt-lookup", "lookup", "chain", "tree", "hybrid", "auto"]
     assert result["lossless"] is True and all(r["lossless"] for r in result["compare"].values())

@@ -5,6 +5,7 @@ recorded timings, the CLI and its refusals."""
 
 from __future__ import annotations
 
+import copy
 import json
 
 import pytest
@@ -13,6 +14,7 @@ import torch
 from flows.cli import main
 from tasks.decode.context_lookup import ContextLookup
 from tasks.decode.draft_auto import choose
+from tasks.decode.lossless import diverges_at_tie, first_divergence
 from tasks.decode.spec_decode import (HeadDrafter, HybridDrafter, LookupDrafter, accept_sampled, plain_generate,
                                       speculative_generate)
 from tasks.decode.tree_decode import DraftTree
@@ -59,7 +61,8 @@ def test_greedy_lookup_and_hybrid_output_equals_the_targets_own(tiny, trained, w
     drafted = 0
     for prompt in [*prompts(tiny), looping_prompt(tiny)]:
         base = plain_generate(tiny.model, prompt, 40, None)
-        lookup = speculative_generate(tiny.model, [], LookupDrafter(prompt[0], tiny.model.config.vocab_size), prompt, 40, 6, None)
+        copier = LookupDrafter(prompt[0], tiny.model.config.vocab_size)
+        lookup = speculative_generate(tiny.model, [], copier, prompt, 40, 6, None)
         for depth in (1, 4):
             hybrid = speculative_generate(tiny.model, LAYERS, HybridDrafter(head, prompt[0]), prompt, 40, depth, None)
             assert hybrid.tokens == base.tokens and len(hybrid.tokens) == 40
@@ -130,3 +133,22 @@ def test_evaluate_cli_with_lookup_and_hybrid(trained, tmp_path, capsys):
     refused(["--draft", "hybrid"], "--draft hybrid drafts with a head: pass --head DIR, or use --draft lookup")
     refused(["--draft", "chain"], "--draft chain drafts with a head: pass --head DIR, or use --draft lookup")
     refused(["--head", str(head_dir), "--draft", "ngram"], "unknown --draft 'ngram'")
+
+
+@torch.no_grad()
+def test_a_mismatch_is_lossless_only_where_it_begins_at_a_tie_of_the_targets_rounding(tiny):
+    """Leaving the target's greedy text for its runner-up where the two are within bfloat16's
+    rounding is a tie; for a token far below, or in float32 (ties within 0.001), it is not."""
+    prompt = prompts(tiny)[0]
+    expected = plain_generate(tiny.model, prompt, 16, None).tokens
+    half = copy.deepcopy(tiny.model).to(torch.bfloat16)
+    logits = tiny.model(input_ids=torch.tensor([prompt + expected])).logits[0, len(prompt) - 1:-1].float()
+    top = logits.topk(2, dim=-1)
+    at = int((top.values[:, 0] - top.values[:, 1]).argmin())  # the closest call of the greedy text
+    runner_up = expected[:at] + [int(top.indices[at, 1])]
+    worst = expected[:at] + [int(logits[at].argmin())]
+    assert float(top.values[at, 0] - top.values[at, 1]) < 0.5
+    assert diverges_at_tie(half, prompt, expected, runner_up) and not diverges_at_tie(half, prompt, expected, worst)
+    assert not diverges_at_tie(tiny.model, prompt, expected, worst) and not diverges_at_tie(half, prompt, expected,
+                                                                                           expected)
+    assert first_divergence(expected, expected[:5]) == 5 and not diverges_at_tie(half, prompt, expected, expected[:5])

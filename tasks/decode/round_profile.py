@@ -8,9 +8,8 @@ minus its seconds for one (the prefill), per token after the first.
 
 from __future__ import annotations
 
-from tasks.decode.spec_decode import HeadDrafter, plain_generate, speculative_generate
+from tasks.decode.spec_decode import plain_generate
 from tasks.decode.stopwatch import Stopwatch
-from tasks.decode.tree_shape import TreeShape
 
 OVERHEAD = "tensor and Python overhead"  # round time that no timed part accounts for
 
@@ -28,20 +27,20 @@ def plain_step_seconds(target, prompts: list[list[int]], max_new_tokens: int, eo
     return seconds / max(tokens, 1)
 
 
-def profile_rounds(target, head, prompts: list[list[int]], max_new_tokens: int, depth: int,
-                   eos_token_id: int | None, tree: TreeShape | None = None, plain_step: float | None = None) -> dict:
-    """Per-part time of greedy chain (or `tree`) rounds over `prompts`, against the plain step
-    (measured on the same prompts unless a profile of other rounds measured it already)."""
+def profile_rounds(target, draft: str, decode, prompts: list[list[int]], max_new_tokens: int,
+                   eos_token_id: int | None, plain_step: float | None = None) -> dict:
+    """Per-part time of the rounds of `decode(prompt, stopwatch)` (a greedy drafting decoder, named
+    `draft`: tasks/decode/decoders.py) over `prompts`, against the plain step (measured on the
+    same prompts unless a profile of other rounds measured it already)."""
     step = plain_step or plain_step_seconds(target, prompts, max_new_tokens, eos_token_id)
     stopwatch = Stopwatch(target.device)
     for prompt in prompts:
-        speculative_generate(target, head.config.layers, HeadDrafter(head, stopwatch), prompt, max_new_tokens, depth,
-                             eos_token_id, tree=tree, stopwatch=stopwatch)
+        decode(prompt, stopwatch)
     rounds = max(stopwatch.calls["round"], 1)
     parts = {name: seconds for name, seconds in stopwatch.seconds.items() if name != "round"}
     parts[OVERHEAD] = stopwatch.seconds["round"] - sum(parts.values())
     per_round = stopwatch.seconds["round"] / rounds
-    return {"draft": f"tree {tree.topk}x{tree.tokens}" if tree else "chain", "depth": depth, "rounds": rounds,
+    return {"draft": draft, "rounds": rounds,
             "plain_step_ms": 1000 * step, "round_ms": 1000 * per_round, "round_plain_steps": per_round / step,
             "parts": [{"part": name, "ms_per_round": 1000 * seconds / rounds, "plain_steps": seconds / rounds / step}
                       for name, seconds in parts.items()]}
@@ -49,7 +48,7 @@ def profile_rounds(target, head, prompts: list[list[int]], max_new_tokens: int, 
 
 def profile_table(profile: dict) -> str:
     """The profile as aligned text lines."""
-    lines = [f"{profile['draft']} depth {profile['depth']}: one round {profile['round_ms']:.1f} ms = "
+    lines = [f"{profile['draft']}: one round {profile['round_ms']:.1f} ms = "
              f"{profile['round_plain_steps']:.2f} plain steps of {profile['plain_step_ms']:.1f} ms "
              f"({profile['rounds']} rounds)"]
     lines += [f"  {row['part']:<28} {row['ms_per_round']:7.2f} ms  {row['plain_steps']:5.2f} steps"

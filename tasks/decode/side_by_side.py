@@ -25,10 +25,13 @@ class Decoder:
 
 
 def side_by_side(baseline: Decoder, decoders: list[Decoder], prompts: list[list[int]],
-                 progress: Callable[[str], None] = lambda line: None, repeat: int = 1) -> dict[str, list[dict]]:
+                 progress: Callable[[str], None] = lambda line: None, repeat: int = 1,
+                 tie: Callable[[list[int], list[int], list[int]], bool] | None = None) -> dict[str, list[dict]]:
     """Per decoder, one row per prompt: its generation beside the baseline's on that prompt.
     With `repeat` > 1 every prompt's runs are timed that many times (the order alternating each
-    time) and each side keeps its median time, so one disturbed run moves nothing."""
+    time) and each side keeps its median time, so one disturbed run moves nothing. `tie(prompt,
+    baseline tokens, tokens)` says whether an output that differs begins to at a tie of the
+    target's rounding (tasks/decode/lossless.py)."""
     rows: dict[str, list[dict]] = {decoder.name: [] for decoder in decoders}
     started = time.perf_counter()
     for number, prompt in enumerate(prompts):
@@ -46,6 +49,7 @@ def side_by_side(baseline: Decoder, decoders: list[Decoder], prompts: list[list[
                 "prompt": number, "tokens": len(run.tokens), "forwards": run.forwards, "tau": run.tau,
                 "accepted": run.accepted, "seconds": seconds[decoder.name], "baseline_tokens": len(base.tokens),
                 "baseline_seconds": seconds[baseline.name], "matches_baseline": run.tokens == base.tokens,
+                "tie": run.tokens != base.tokens and tie is not None and tie(prompt, base.tokens, run.tokens),
                 "timings": repeat})
         progress(f"prompt {number + 1}/{len(prompts)}: " + ", ".join(
             f"{name} {len(run.tokens) / seconds[name]:.1f} tok/s" for name, run in runs.items())
@@ -88,18 +92,21 @@ def median_ci95(values: np.ndarray, seed: int = 0, resamples: int = 2000) -> tup
 def summarize(rows: list[dict], depth: int | None, sampled: bool = False) -> dict:
     """τ (tokens per target forward after the prefill), acceptance per draft position, tokens/s of
     both sides, the median per-prompt speed-up with its interval, prompts timed on a busy
-    machine (`contention`), and losslessness. Sampled
+    machine (`contention`), and losslessness (an output that leaves the target's at a tie of its
+    rounding is lossless, and its prompt listed in `tied_prompts`). Sampled
     outputs differ from a sampled baseline by chance, so `lossless` (token-for-token identity) is
     only defined, and checked, for greedy decoding."""
     rounds = [a for row in rows for a in row["accepted"]]
     tokens, baseline_tokens = sum(r["tokens"] for r in rows), sum(r["baseline_tokens"] for r in rows)
     forwards = sum(r["forwards"] for r in rows)
     speedup, interval = median_ci95(speedup_ratios(rows))
-    mismatches = [r["prompt"] for r in rows if not r["matches_baseline"]]
+    mismatches = [r["prompt"] for r in rows if not r["matches_baseline"] and not r.get("tie")]
+    ties = [r["prompt"] for r in rows if r.get("tie")]
     return {"tau": sum(r["tokens"] - 1 for r in rows) / max(forwards, 1),
             "per_position": [float(np.mean([a > i for a in rounds])) if rounds else 0.0 for i in range(depth or 0)],
             "tokens_per_s": tokens / sum(r["seconds"] for r in rows),
             "baseline_tokens_per_s": baseline_tokens / sum(r["baseline_seconds"] for r in rows),
             "speedup": speedup, "speedup_ci95": interval,
             "lossless": None if sampled else not mismatches, "mismatched_prompts": [] if sampled else mismatches,
+            "tied_prompts": [] if sampled else ties,
             "prompts": len(rows), "tokens": tokens, "depth": depth, "contention": contention(rows), "rows": rows}

@@ -71,7 +71,8 @@ class HeadDrafter:
 
     def propose_tree(self, depth: int, shape: TreeShape) -> DraftTree:
         """An EAGLE-2 dynamic tree `depth` levels deep after the last committed pair."""
-        return draft_tree(self, depth, shape)
+        with self.stopwatch.part("draft tree"):
+            return draft_tree(self, depth, shape)
 
 
 class LookupDrafter:

@@ -154,10 +154,11 @@ def verify_tree(target, cache, tree: DraftTree, last: int, logits: bool = True):
     prefix and its own ancestors at position prefix + depth; the cache then holds all of them.
     Without `logits`, the target's body alone (its final hidden states, for `walk_greedy`)."""
     prefix, device = cache.get_seq_length(), target.device
-    return (target if logits else target.get_decoder())(input_ids=torch.tensor([[last, *tree.tokens]], device=device), cache=cache,
-                  attention_mask=tree_mask(tree, prefix, target.dtype, device),
-                  position_ids=prefix + torch.tensor([[0, *tree.depths]], device=device), output_hidden_states=True,
-                  use_cache=True)
+    forward = target if logits else target.get_decoder()
+    return forward(input_ids=torch.tensor([[last, *tree.tokens]], device=device), cache=cache,
+                   attention_mask=tree_mask(tree, prefix, target.dtype, device),
+                   position_ids=prefix + torch.tensor([[0, *tree.depths]], device=device), output_hidden_states=True,
+                   use_cache=True)
 
 
 @torch.no_grad()
@@ -166,8 +167,7 @@ def tree_round(target, cache, drafter, last: int, depth: int, shape: TreeShape, 
     """One round: draft a tree after `last`, verify it, keep the accepted path in the target's
     cache. Returns (emitted tokens, the forward's hidden_states, the rows of them that pair with
     the emitted tokens: the root and the accepted nodes)."""
-    with stopwatch.part("draft tree"):
-        tree = drafter.propose_tree(depth, shape)
+    tree = drafter.propose_tree(depth, shape)  # timed by the drafter, part by part
     prefix = cache.get_seq_length()
     greedy = temperature == 0
     with stopwatch.part("verify: target layers"):
