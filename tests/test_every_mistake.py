@@ -75,7 +75,7 @@ CASES = {
                              "unknown --draft 'foo'; use chain, tree, lookup, hybrid or auto"),
     "evaluate --bench wiki": (lambda w: ["evaluate", "--model", TINY, "--head", w["head"], "--bench", "wiki"],
                               "unknown --bench 'wiki'"),
-    "evaluate without --head": (lambda w: ["evaluate", "--model", TINY], "the following arguments are required: --head"),
+    "evaluate without --head": (lambda w: ["evaluate", "--model", TINY], "--draft chain drafts with a head: pass --head DIR"),
     # missing, unreadable, binary and directory paths
     "extract from a missing corpus file": (lambda w: extract_argv(w)[:-4] + ["--corpus", f"jsonl:{w['missing']}"],
                                            "does not exist"),
