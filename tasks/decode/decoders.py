@@ -21,7 +21,6 @@ from tasks.decode.tree_shape import TreeShape
 
 COMPARED = ("prompt-lookup", "lookup", "chain", "tree", "hybrid", "auto")  # --compare: each beside the target
 HEADLESS = ("lookup",)  # decoders that need no head
-MEASURED = ("lookup", "tree", "hybrid")  # what `auto` measures on a calibration prompt besides chain depths
 PROMPT_LOOKUP_TOKENS = 10  # draft tokens per lookup (the value Hugging Face's documentation uses)
 
 
@@ -32,16 +31,18 @@ def baseline(target, max_new_tokens: int, eos: int | None, temperature: float) -
 def drafted(name: str, target, head, *, max_new_tokens: int, depth: int, eos: int | None, temperature: float,
             generator: torch.Generator, tree: TreeShape):
     """decode(prompt, stopwatch) of one of layerwave's drafting decoders: lookup, chain, tree,
-    hybrid, or `chain D` (a chain `auto` chose)."""
+    hybrid, or `chain D` / `hybrid D` (at head depth D, as `auto` names them)."""
+    kind, _, at_depth = name.partition(" ")
+    head_depth = int(at_depth) if at_depth else depth
+
     def decode(prompt: list[int], stopwatch=NO_STOPWATCH):
-        if name == "lookup":
+        if kind == "lookup":
             drafter, layers, draft_depth = LookupDrafter(prompt[0], target.config.vocab_size), [], LOOKUP_TOKENS
         else:
-            drafter = (HybridDrafter(head, prompt[0], stopwatch) if name == "hybrid"
-                       else HeadDrafter(head, stopwatch))
-            layers, draft_depth = head.config.layers, int(name.split()[1]) if name.startswith("chain ") else depth
+            drafter = HybridDrafter(head, prompt[0], stopwatch) if kind == "hybrid" else HeadDrafter(head, stopwatch)
+            layers, draft_depth = head.config.layers, head_depth
         return speculative_generate(target, layers, drafter, prompt, max_new_tokens, draft_depth, eos, temperature,
-                                    generator, tree if name == "tree" else None, stopwatch)
+                                    generator, tree if kind == "tree" else None, stopwatch)
     return decode
 
 
@@ -60,7 +61,5 @@ def decoder(name: str, target, head, *, auto_choice: str | None = None, **option
 
 def depth_of(name: str, depth: int, auto_choice: str | None) -> int | None:
     """Draft positions whose acceptance a decoder's summary reports (a head's chain or tree)."""
-    if name == "auto" and auto_choice:
-        name = "chain" if auto_choice.startswith("chain ") else auto_choice
-        depth = int(auto_choice.split()[1]) if auto_choice.startswith("chain ") else depth
-    return depth if name in ("chain", "tree") else None
+    kind, _, at_depth = (auto_choice if name == "auto" and auto_choice else name).partition(" ")
+    return (int(at_depth) if at_depth else depth) if kind in ("chain", "tree") else None

@@ -4,9 +4,9 @@ Every candidate is a number of tokens per round and the seconds a round costs he
 alone emits one token per plain step; a chain of depth d emits 1 + p_1 + … + p_d tokens per
 round, where p_i is the head's measured chance that draft position i is accepted (every earlier
 one accepted too: the offline τ's acceptance per position), in one round of measured seconds;
-the tree, the context's copy (`lookup`) and `hybrid` emit the τ they reach on a calibration
-prompt, in the round time measured there (their acceptance depends on the text, so no offline
-profile predicts it). The choice is the largest ratio (EAGLE-2's idea of letting acceptance shape
+the tree, the context's copy (`lookup`) and `hybrid` (at the best chain's depth) emit the τ
+they reach on a calibration prompt, in the round time measured there (their acceptance depends
+on the text, so no offline profile predicts it). The choice is the largest ratio (EAGLE-2's idea of letting acceptance shape
 the draft, driven here by measured cost), so a head too weak to pay for its rounds decodes with
 the target alone instead of slowing it down.
 """
@@ -83,12 +83,15 @@ def measured_candidate(decode, prompt: list[int], device) -> tuple[float, float]
 
 
 def auto_plan(target, head, prompt: list[int], per_position: list[float], eos: int | None, max_new_tokens: int,
-              measured: dict) -> dict:
-    """Measure every candidate on `prompt` (`measured`: name → decode(prompt, stopwatch), the
-    decoders whose τ depends on the text), then choose."""
-    candidates = {TARGET: (1.0, plain_step_seconds(target, [prompt], max_new_tokens, eos))}
-    candidates |= chain_candidates(target, head, prompt, per_position, eos)
-    candidates |= {name: measured_candidate(decode, prompt, target.device) for name, decode in measured.items()}
+              decoder_of) -> dict:
+    """Measure every candidate on `prompt` (`decoder_of(name)`: decode(prompt, stopwatch) of the
+    decoders whose τ depends on the text: lookup, tree, and hybrid at the best chain's depth),
+    then choose."""
+    chains = chain_candidates(target, head, prompt, per_position, eos)
+    best_chain = max(chains, key=lambda name: chains[name][0] / chains[name][1])
+    measured = ("lookup", "tree", f"hybrid {best_chain.split()[1]}")
+    candidates = {TARGET: (1.0, plain_step_seconds(target, [prompt], max_new_tokens, eos)), **chains}
+    candidates |= {name: measured_candidate(decoder_of(name), prompt, target.device) for name in measured}
     return {**choose(candidates), "per_position": per_position}
 
 

@@ -17,7 +17,7 @@ from tasks.data import load_model
 from tasks.data.prompts import (checked_prompts, encode_prompts, first_turns, fitting_prompts, heldout_prompts,
                                 used_records)
 from tasks.data.registry import store_key
-from tasks.decode.decoders import COMPARED, MEASURED, baseline, decoder, depth_of, drafted
+from tasks.decode.decoders import COMPARED, baseline, decoder, depth_of, drafted
 from tasks.decode.draft_auto import acceptance_profile, auto_plan
 from tasks.decode.lossless import diverges_at_tie
 from tasks.decode.request import Evaluation
@@ -106,9 +106,8 @@ def evaluate_task(evaluation: Evaluation) -> dict:
     if "auto" in names:
         measure = measured_acceptance(head, r.head, r.store, evaluation.model_key, eos) if r.store else None
         per_position, source = acceptance_profile(r.head, measure)
-        calibration = {name: drafted(name, target.model, head, **options) for name in MEASURED}
-        plan = {**auto_plan(target.model, head, prompts[0], per_position, eos, r.max_new_tokens, calibration),
-                "source": source}
+        plan = {**auto_plan(target.model, head, prompts[0], per_position, eos, r.max_new_tokens,
+                            lambda name: drafted(name, target.model, head, **options)), "source": source}
         logger.info("auto: %s; chain acceptance per position %s (%s)", plan["why"],
                     " ".join(f"{p:.2f}" for p in per_position), source)
     choice = plan and plan["choice"]

@@ -48,6 +48,10 @@ class DraftTree:
         self.depths.append(depth)
         return len(self.tokens) - 1
 
+    def is_chain(self) -> bool:
+        """Every node the child of the one before: verified causally, no tree mask needed."""
+        return self.parents == list(range(-1, len(self.tokens) - 1))
+
     def children(self, node: int) -> list[int]:
         return [i for i, parent in enumerate(self.parents) if parent == node]
 
@@ -152,13 +156,15 @@ def keep_positions(cache, keep: torch.Tensor) -> None:
 def verify_tree(target, cache, tree: DraftTree, last: int, logits: bool = True):
     """One target forward over the root `last` and every tree node, each attending to the cached
     prefix and its own ancestors at position prefix + depth; the cache then holds all of them.
-    Without `logits`, the target's body alone (its final hidden states, for `walk_greedy`)."""
+    Without `logits`, the target's body alone (its final hidden states, for `walk_greedy`). A
+    chain needs no mask: the plain causal forward, as a chain round runs it."""
     prefix, device = cache.get_seq_length(), target.device
     forward = target if logits else target.get_decoder()
+    layout = {} if tree.is_chain() else {
+        "attention_mask": tree_mask(tree, prefix, target.dtype, device),
+        "position_ids": prefix + torch.tensor([[0, *tree.depths]], device=device)}
     return forward(input_ids=torch.tensor([[last, *tree.tokens]], device=device), cache=cache,
-                   attention_mask=tree_mask(tree, prefix, target.dtype, device),
-                   position_ids=prefix + torch.tensor([[0, *tree.depths]], device=device), output_hidden_states=True,
-                   use_cache=True)
+                   output_hidden_states=True, use_cache=True, **layout)
 
 
 @torch.no_grad()
@@ -177,5 +183,8 @@ def tree_round(target, cache, drafter, last: int, depth: int, shape: TreeShape, 
                        walk_sampled(tree, torch.softmax(out.logits[0].float() / temperature, -1).cpu(), generator))
     with stopwatch.part("cache crop"):
         rows = torch.tensor([0] + [1 + node for node in path], device=target.device)
-        keep_positions(cache, torch.cat([torch.arange(prefix, device=target.device), prefix + rows]))
+        if not tree.is_chain():
+            keep_positions(cache, torch.cat([torch.arange(prefix, device=target.device), prefix + rows]))
+        elif len(path) < len(tree.tokens):  # a chain's accepted nodes are its first ones
+            cache.crop(len(path) - len(tree.tokens))
     return [tree.tokens[node] for node in path] + [bonus], out.hidden_states, rows
