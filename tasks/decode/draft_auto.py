@@ -1,14 +1,17 @@
 """`--draft auto`: the decoder with the most expected tokens per second on this device.
 
-Every candidate is a number of tokens per round and the seconds a round costs here: the target
-alone emits one token per plain step; a chain of depth d emits 1 + p_1 + … + p_d tokens per
-round, where p_i is the head's measured chance that draft position i is accepted (every earlier
-one accepted too: the offline τ's acceptance per position), in one round of measured seconds;
-the tree, the context's copy (`lookup`) and `hybrid` (at the best chain's depth) emit the τ
-they reach on a calibration prompt, in the round time measured there (their acceptance depends
-on the text, so no offline profile predicts it). The choice is the largest ratio (EAGLE-2's idea of letting acceptance shape
-the draft, driven here by measured cost), so a head too weak to pay for its rounds decodes with
-the target alone instead of slowing it down.
+Every candidate is a number of tokens per round and the seconds a round costs here. First the
+head's depth: a chain of depth d emits 1 + p_1 + … + p_d tokens per round, where p_i is the
+head's measured chance that draft position i is accepted (every earlier one accepted too: the
+offline τ's acceptance per position), in one round of measured seconds; the best ratio gives
+the depth D. Then the candidates decode the same calibration prompt, and each contributes the τ
+it reaches there and its measured round time: the chain and hybrid at depth D, the tree and the
+context's copy (`lookup`); the target alone emits one token per plain step. Acceptance of the
+copy depends on the text, so no offline profile predicts it, and measuring every candidate on
+the same prompt keeps the comparison fair (the offline profile, from the training
+distribution, runs above real prompts' acceptance). The choice is the largest ratio (EAGLE-2's
+idea of letting acceptance shape the draft, driven here by measured cost), so a head too weak to
+pay for its rounds decodes with the target alone instead of slowing it down.
 """
 
 from __future__ import annotations
@@ -84,15 +87,17 @@ def measured_candidate(decode, prompt: list[int], device) -> tuple[float, float]
 
 def auto_plan(target, head, prompt: list[int], per_position: list[float], eos: int | None, max_new_tokens: int,
               decoder_of) -> dict:
-    """Measure every candidate on `prompt` (`decoder_of(name)`: decode(prompt, stopwatch) of the
-    decoders whose τ depends on the text: lookup, tree, and hybrid at the best chain's depth),
-    then choose."""
+    """The head's depth D from its acceptance profile, then every candidate measured on `prompt`
+    (`decoder_of(name)`: decode(prompt, stopwatch) of chain D, hybrid D, tree and lookup), then
+    the choice."""
     chains = chain_candidates(target, head, prompt, per_position, eos)
-    best_chain = max(chains, key=lambda name: chains[name][0] / chains[name][1])
-    measured = ("lookup", "tree", f"hybrid {best_chain.split()[1]}")
-    candidates = {TARGET: (1.0, plain_step_seconds(target, [prompt], max_new_tokens, eos)), **chains}
-    candidates |= {name: measured_candidate(decoder_of(name), prompt, target.device) for name in measured}
-    return {**choose(candidates), "per_position": per_position}
+    depth = max(chains, key=lambda name: chains[name][0] / chains[name][1]).split()[1]
+    candidates = {TARGET: (1.0, plain_step_seconds(target, [prompt], max_new_tokens, eos))}
+    candidates |= {name: measured_candidate(decoder_of(name), prompt, target.device)
+                   for name in (f"chain {depth}", f"hybrid {depth}", "tree", "lookup")}
+    return {**choose(candidates), "per_position": per_position,
+            "chain_depths": {name: {"tokens_per_round": tokens, "seconds_per_round": seconds}
+                             for name, (tokens, seconds) in chains.items()}}
 
 
 def acceptance_profile(head_dir: str, measure=None) -> tuple[list[float], str]:
