@@ -15,6 +15,7 @@ from tasks.heads.request import TrainRequest
 from tasks.names import EAGLE3_DEFAULT, FIXED_BASELINES, RANDOM_PREFIX
 from tasks.pipeline_presets import PipelinePreset
 from tasks.pipeline_request import Run
+from tasks.precision import resolve_precision
 from tasks.select.selection import Candidate
 from tasks.stage_key import stage_key
 
@@ -80,8 +81,12 @@ def replayed_replies(run: Run) -> dict[str, str | None]:
 
 def evaluation_key(training_key: str, bench: str, p: PipelinePreset, replies: str | None) -> str:
     """The inputs of one head's score on `bench`: the head (by its training key), the benchmark
-    settings and the replies replayed along (`replayed_replies`)."""
-    return stage_key(training_key, bench, p.prompts, p.max_new_tokens, p.depth, replies)
+    settings and the replies replayed along (`replayed_replies`), or for real decoding the
+    target's precision on this machine (bfloat16 where native: its speed and ties differ)."""
+    from tasks.data.load_model import pick_device
+
+    decoding = [] if replies else [resolve_precision("auto", pick_device("auto"))]
+    return stage_key(training_key, bench, p.prompts, p.max_new_tokens, p.depth, replies, *decoding)
 
 
 def head_request(run: Run, layers: list[int], seed: int, out: str, epochs: int | None) -> TrainRequest:
