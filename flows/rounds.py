@@ -45,7 +45,7 @@ def score_head(run: Run, head: str, bench: str, key: str) -> dict:
         result = replay_task(model, head, run.store, run.model_key, bench, p.depth, p.max_new_tokens)
     else:
         result = evaluate(model=model, head=head, bench=bench, limit=p.prompts, max_new_tokens=p.max_new_tokens,
-                          depth=p.depth, store=run.store)
+                          depth=p.depth, store=run.store, precision=p.precision)
     write_record(path, result, key)
     return {**result, "reused": False}
 

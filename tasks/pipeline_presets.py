@@ -62,6 +62,10 @@ class PipelinePreset:
     # them 1.5-2x faster on a CPU with avx512_bf16; the corpus and the states are then the bfloat16
     # model's. auto: the checkpoint's.
     dtype: str = "auto"
+    # The target's precision when heads are scored by real decoding (`layerwave evaluate
+    # --precision`): auto is bfloat16 where native, what a user runs; float32 checks every output
+    # token for token (the tiny model's presets, where bfloat16 only adds overhead).
+    precision: str = "auto"
 
     def training_store(self, store: str) -> str:
         """The store heads train on: the training store beside `store`, or `store` itself."""
@@ -72,12 +76,12 @@ PIPELINE_PRESETS = {
     "smoke": PipelinePreset(
         store="layerwave-smoke.zarr", tokens=3000, max_length=256, entropy_quantile=0.5, n_random=1, candidates=3,
         train_preset="smoke", epochs=2, seeds=(0,), benches=("mt-bench",), prompts=2, max_new_tokens=12, depth=3,
-        memory_gb=1.0, generate_tokens=1000, generate_max_new_tokens=24, training_tokens=4000),
+        memory_gb=1.0, generate_tokens=1000, generate_max_new_tokens=24, training_tokens=4000, precision="float32"),
     "smoke-study": PipelinePreset(
         store="layerwave-smoke-study.zarr", tokens=3000, max_length=256, entropy_quantile=0.5, n_random=1,
         candidates=3, train_preset="smoke", epochs=2, seeds=(0,), benches=("mt-bench", "sharegpt"), prompts=2,
         max_new_tokens=12, depth=3, memory_gb=1.0, generate_tokens=1000, generate_max_new_tokens=24,
-        screen_epochs=1, finalists=1, replay=True),
+        screen_epochs=1, finalists=1, replay=True, precision="float32"),
     "quick": PipelinePreset(
         store=DEFAULT_STORE, tokens=20000, max_length=2048, entropy_quantile=0.5, n_random=1, candidates=4,
         train_preset="quick", epochs=None, seeds=(0,), benches=("mt-bench",), prompts=5, max_new_tokens=64, depth=4,

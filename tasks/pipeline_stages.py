@@ -85,7 +85,7 @@ def evaluation_key(training_key: str, bench: str, p: PipelinePreset, replies: st
     target's precision on this machine (bfloat16 where native: its speed and ties differ)."""
     from tasks.data.load_model import pick_device
 
-    decoding = [] if replies else [resolve_precision("auto", pick_device("auto"))]
+    decoding = [] if replies else [resolve_precision(p.precision, pick_device("auto"))]
     return stage_key(training_key, bench, p.prompts, p.max_new_tokens, p.depth, replies, *decoding)
 
 
