@@ -42,10 +42,9 @@ def expected_tokens(per_position: list[float], depth: int) -> float:
 
 def round_seconds(target, head, prompt: list[int], depth: int, eos_token_id: int | None) -> float:
     """Measured seconds per greedy chain round at `depth` on `prompt`, on the target's device."""
-    stopwatch = Stopwatch(target.device)
-    speculative_generate(target, head.config.layers, HeadDrafter(head), prompt, CALIBRATION_ROUNDS + 1, depth, None,
-                         stopwatch=stopwatch)
-    return stopwatch.seconds["round"] / max(stopwatch.calls["round"], 1)
+    return measured_candidate(lambda tokens, stopwatch: speculative_generate(
+        target, head.config.layers, HeadDrafter(head), tokens, CALIBRATION_ROUNDS + 1, depth, None,
+        stopwatch=stopwatch), prompt, target.device)[1]
 
 
 def label(candidate: str) -> str:
@@ -61,8 +60,13 @@ def choose(candidates: dict[str, tuple[float, float]]) -> dict:
                        if name != best)
     return {"choice": best, "expected_speedup": rates[best] / rates[TARGET], "expected_tokens_per_s": rates,
             "why": f"{label(best)}: {rates[best]:.1f} tokens/s expected ({others})",
-            "candidates": {name: {"tokens_per_round": tokens, "seconds_per_round": seconds}
-                           for name, (tokens, seconds) in candidates.items()}}
+            "candidates": per_round(candidates)}
+
+
+def per_round(candidates: dict[str, tuple[float, float]]) -> dict:
+    """Candidates' (tokens, seconds) per round, named for the JSON record."""
+    return {name: {"tokens_per_round": tokens, "seconds_per_round": seconds}
+            for name, (tokens, seconds) in candidates.items()}
 
 
 def chain_candidates(target, head, prompt: list[int], per_position: list[float], eos: int | None) -> dict:
@@ -95,9 +99,7 @@ def auto_plan(target, head, prompt: list[int], per_position: list[float], eos: i
     candidates = {TARGET: (1.0, plain_step_seconds(target, [prompt], max_new_tokens, eos))}
     candidates |= {name: measured_candidate(decoder_of(name), prompt, target.device)
                    for name in (f"chain {depth}", f"hybrid {depth}", "tree", "lookup")}
-    return {**choose(candidates), "per_position": per_position,
-            "chain_depths": {name: {"tokens_per_round": tokens, "seconds_per_round": seconds}
-                             for name, (tokens, seconds) in chains.items()}}
+    return {**choose(candidates), "per_position": per_position, "chain_depths": per_round(chains)}
 
 
 def acceptance_profile(head_dir: str, measure=None) -> tuple[list[float], str]:

@@ -11,6 +11,8 @@ begins at such a tie, measured by the target itself; anything else is a bug.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 TIE_LOGITS = {torch.float32: 1e-3, torch.bfloat16: 0.5, torch.float16: 0.5}  # rounding's reach, per precision
@@ -22,13 +24,19 @@ def first_divergence(expected: list[int], got: list[int]) -> int | None:
                 None if len(expected) == len(got) else min(len(expected), len(got)))
 
 
-@torch.no_grad()
 def diverges_at_tie(target, prompt: list[int], expected: list[int], got: list[int]) -> bool:
     """Whether `got` leaves `expected` at a token the target scores within its precision's
     rounding of `expected`'s (after their common prefix); False where they end apart."""
     at = first_divergence(expected, got)
     if at is None or at >= min(len(expected), len(got)):
         return False
-    logits = target(input_ids=torch.tensor([prompt + expected[:at]], device=target.device),
-                    logits_to_keep=1).logits[0, -1].float()
+    logits = next_logits(target, tuple(prompt + expected[:at]))
     return abs(float(logits[expected[at]] - logits[got[at]])) <= TIE_LOGITS.get(target.dtype, 0.0)
+
+
+@functools.lru_cache(maxsize=8)
+@torch.no_grad()
+def next_logits(target, context: tuple[int, ...]) -> torch.Tensor:
+    """The target's next-token logits after `context`; cached, since the decoders compared on a
+    prompt mostly leave the baseline's text at the same tie."""
+    return target(input_ids=torch.tensor([context], device=target.device), logits_to_keep=1).logits[0, -1].float()
