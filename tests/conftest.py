@@ -38,10 +38,13 @@ SMALL_LAYOUT = {"tokens_per_chunk": 64, "chunks_per_shard": 4}
 @pytest.fixture(scope="session", autouse=True)
 def prefect_api():
     """One Prefect test server for the whole session; yields its API URL for subprocesses."""
-    from prefect.settings import PREFECT_API_URL
+    from prefect.settings import PREFECT_API_URL, PREFECT_FLOWS_HEARTBEAT_FREQUENCY, temporary_settings
     from prefect.testing.utilities import prefect_test_harness
 
-    with prefect_test_harness(server_startup_timeout=120):
+    # No flow-run heartbeats in this process: a flow run's end waits for its heartbeat thread's
+    # one-second sleep, about half a second per run, and the tests start hundreds of runs.
+    with prefect_test_harness(server_startup_timeout=120), \
+            temporary_settings(updates={PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None}):
         yield PREFECT_API_URL.value()
 
 
