@@ -32,5 +32,5 @@ PY
     || { cat "$run_dir/deploy.log"; exit 1; }
 setsid .venv/bin/prefect worker start --pool layerwave --type process >"$run_dir/worker.log" 2>&1 &
 echo $! >"$run_dir/worker.pid"
-echo "Prefect server at http://127.0.0.1:$port with deployments layerwave-pipeline and layerwave-sweep."
+echo "Prefect server at http://127.0.0.1:$port with deployments layerwave-pipeline, layerwave-study-cluster and layerwave-sweep."
 echo "Use it from this shell with: export PREFECT_API_URL=$PREFECT_API_URL"

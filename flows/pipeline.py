@@ -3,6 +3,9 @@
     generate → extract → statistics → selection → [training store] → [screening]
              → for each seed: (for each set: train → score) → report
 
+Heads of a round train one after another, or side by side on a Dask cluster (--workers N, a
+local one; --dask-address, the user's); everything else runs in the flow's own process.
+
 The study preset screens every candidate at a short budget first (flows/study.py) and scores its
 finalists along replayed target replies (tasks/decode/replay.py). A preset with `training_tokens`
 trains heads on a store of only the candidates' layers over that budget. Every stage is idempotent:
@@ -25,6 +28,7 @@ from flows.selection import select
 from flows.study import prepare_replay, screen
 from store.artefacts import write_json
 from store.paths import Workspace
+from tasks.heads.fan_out import HeadPool
 from tasks.names import DEFAULT_MODEL
 from tasks.pipeline_presets import REFERENCE_FILTER
 from tasks.pipeline_request import PipelineResult, Run, RunRequest
@@ -35,12 +39,14 @@ from tasks.request import checked
 
 @flow(name="layerwave-pipeline")
 def pipeline(model: str = DEFAULT_MODEL, preset: str = "quick", store: str | None = None,
-             limit: int | None = None, corpus: str | None = None, warm_start: bool | None = None) -> PipelineResult:
+             limit: int | None = None, corpus: str | None = None, warm_start: bool | None = None,
+             workers: int | None = None, dask_address: str | None = None) -> PipelineResult:
     """Generate the target's own replies, extract, analyse, select, train and score every candidate
     layer set of `model`, then report. `corpus` replaces the generated corpus (e.g. "sharegpt" as
-    is) and `warm_start` the preset's head initialisation. The parameters are `RunRequest`'s fields."""
+    is) and `warm_start` the preset's head initialisation; `workers` or `dask_address` train each
+    round's heads side by side on a Dask cluster. The parameters are `RunRequest`'s fields."""
     logger = get_run_logger()
-    run = checked(RunRequest(model, preset, store, limit, corpus, warm_start))
+    run = checked(RunRequest(model, preset, store, limit, corpus, warm_start, workers, dask_address))
     p, store = run.preset, run.store
     extract_once(run)
     logger.info(stage_line("analyze", "entropy and CKA of every layer, out of core"))
@@ -51,14 +57,15 @@ def pipeline(model: str = DEFAULT_MODEL, preset: str = "quick", store: str | Non
     chosen = by_priority(candidates)[: limit or p.candidates]
     if p.training_tokens:
         extract_training_store(run, training_layers(candidates, p))
-    if p.screen_epochs:
-        chosen = screen(run, chosen)
-    if p.replay:
-        for bench in p.benches:
-            prepare_replay(run, bench)
-    logger.info("training %d layer sets × %d seeds: %s", len(chosen), len(p.seeds),
-                ", ".join(str(c.layers) for c in chosen))
-    scores, report = final_round(run, chosen)
+    with HeadPool(workers, dask_address) as pool:
+        if p.screen_epochs:
+            chosen = screen(run, chosen, pool)
+        if p.replay:
+            for bench in p.benches:
+                prepare_replay(run, bench)
+        logger.info("training %d layer sets × %d seeds: %s", len(chosen), len(p.seeds),
+                    ", ".join(str(c.layers) for c in chosen))
+        scores, report = final_round(run, chosen, pool)
     write_json(Workspace(store).completion(run.model_key, preset), {
         "complete": True, "model": model, "preset": preset, "store": store,
         "finished": datetime.now(timezone.utc).isoformat()})

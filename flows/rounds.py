@@ -3,22 +3,31 @@ benchmark, each head published to the study's ledger as it finishes and the repo
 after each seed, so a long run can be read as it goes and loses nothing it finished.
 
     for seed: for set: train_head → score_head per bench → ledger (or the ledger's scores);  report
+
+Heads train one after another in process, or side by side on a Dask cluster (tasks/heads/fan_out.py);
+either way each is published as it finishes and each seed's report follows its last head.
 """
 
 from __future__ import annotations
 
-from prefect import get_run_logger
+import time
+from typing import Iterator
+
+import torch
+from prefect import get_run_logger, task
+from prefect.cache_policies import NO_CACHE
 
 from flows.evaluate import evaluate
 from flows.train import train_head
 from store import paths
 from store.paths import Workspace
 from tasks.decode.replay import replay_task
+from tasks.heads.fan_out import HeadPool
 from tasks.heads.request import TrainRequest
 from tasks.heads.train import training_key
 from tasks.pipeline_request import HeadScore, Run
 from tasks.pipeline_stages import evaluation_key, head_request, replayed_replies
-from tasks.progress import Pace, stage_line
+from tasks.progress import rate_eta, stage_line
 from tasks.report.ledger import Ledger
 from tasks.report.write_report import report_task
 from tasks.request import check_ahead, parameters
@@ -50,12 +59,45 @@ def score_head(run: Run, head: str, bench: str, key: str) -> dict:
     return {**result, "reused": False}
 
 
-def final_round(run: Run, chosen: list[Candidate]) -> tuple[list[HeadScore], dict]:
-    """Every head's scores (seed-major, so partial results compare every set) and the last report."""
+@task(name="train-and-score-head", cache_policy=NO_CACHE)
+def head_job(run: Run, request: TrainRequest, which: str, keys: dict[str, str], threads: int | None = None) -> dict:
+    """One head trained, then scored on each benchmark of `keys` (none when screening), in `threads`
+    torch threads if given: the unit a round hands to its HeadPool, in process or on a Dask worker."""
+    if threads:
+        torch.set_num_threads(threads)
+    trained = train_head(**parameters(request))
+    results = {}
+    for bench, key in keys.items():
+        get_run_logger().info(stage_line("evaluate", f"{which} on {bench}"))
+        results[bench] = score_head(run, request.out, bench, key)
+    return {"trained": trained, "results": results}
+
+
+def each_head(pool: HeadPool, jobs: dict[int, dict], total: int) -> Iterator[tuple[int, dict]]:
+    """(number, head_job's result) of every job as it finishes, with a `[stage 4/6] train` line
+    before each head in process, or after each one on a cluster, counting heads done anywhere."""
+    logger, started = get_run_logger(), time.perf_counter()
+    if not pool.parallel:
+        for done, (number, job) in enumerate(jobs.items()):
+            logger.info(stage_line("train", job["which"] + rate_eta(done, len(jobs), time.perf_counter() - started)))
+            yield number, head_job(**job)
+        return
+    if jobs:
+        logger.info(stage_line("train", f"{len(jobs)} of {total} heads {pool.where()}"))
+    on_cluster = {number: {**job, "threads": pool.threads} for number, job in jobs.items()}
+    for done, (number, result) in enumerate(pool.finished(head_job, on_cluster), start=1):
+        logger.info(stage_line("train", f"{jobs[number]['which']} done ({done}/{len(jobs)})"
+                               + rate_eta(done, len(jobs), time.perf_counter() - started)))
+        yield number, result
+
+
+def final_round(run: Run, chosen: list[Candidate], pool: HeadPool) -> tuple[list[HeadScore], dict]:
+    """Every head's scores (seed-major, so partial results compare every set) and the last report,
+    rewritten once every head of a seed is in."""
     logger, p = get_run_logger(), run.preset
     ledger, replies = Ledger.published(p.publish, run.model_key), replayed_replies(run)
-    scores, heads = [], [(seed, candidate) for seed in p.seeds for candidate in chosen]
-    pace = Pace(len(heads))
+    heads = [(seed, candidate) for seed in p.seeds for candidate in chosen]
+    results, jobs = {}, {}
     for number, (seed, candidate) in enumerate(heads):
         head = str(Workspace(run.store).head(run.model_key, run.request.preset, candidate.layers, seed))
         which = f"head {number + 1}/{len(heads)} {candidate.layers} seed {seed}"
@@ -64,20 +106,35 @@ def final_round(run: Run, chosen: list[Candidate]) -> tuple[list[HeadScore], dic
         published = ledger.scores(trained_under, keys)
         if published:
             logger.info(stage_line("train", f"{which}: scored on an earlier machine ({ledger.path})"))
-            results = {bench: {**score, "reused": True} for bench, score in published.items()}
+            results[number] = {bench: {**score, "reused": True} for bench, score in published.items()}
         else:
-            logger.info(stage_line("train", which + pace.eta(number)))
-            pace.start()
-            trained = train_head(**parameters(request))
-            results = {}
-            for bench in p.benches:
-                logger.info(stage_line("evaluate", f"{which} on {bench}"))
-                results[bench] = score_head(run, head, bench, keys[bench])
-            pace.finish(worked=not trained.reused or not all(r["reused"] for r in results.values()))
-            ledger = ledger.publish_head(head, "final", candidate.layers, seed, p.benches)
-        scores += [HeadScore(candidate.layers, seed, bench, r["tau"], r["speedup"], r["reused"])
-                   for bench, r in results.items()]
-        if candidate is chosen[-1]:
-            logger.info(stage_line("report", f"after seed {seed}"))
-            written = report_task(run.store, run.model_key, run.request.preset, [c.layers for c in chosen])
-    return scores, written
+            jobs[number] = {"run": run, "request": request, "which": which, "keys": keys}
+    reports = SeedReports(run, chosen)
+    reports.write_ready(results)
+    for number, done in each_head(pool, jobs, len(heads)):
+        seed, candidate = heads[number]
+        ledger = ledger.publish_head(jobs[number]["request"].out, "final", candidate.layers, seed, p.benches)
+        results[number] = done["results"]
+        reports.write_ready(results)
+    scores = [HeadScore(candidate.layers, seed, bench, r["tau"], r["speedup"], r["reused"])
+              for number, (seed, candidate) in enumerate(heads) for bench, r in results[number].items()]
+    return scores, reports.written
+
+
+class SeedReports:
+    """The report rewritten after each seed, in seed order, once all of that seed's heads are in."""
+
+    def __init__(self, run: Run, chosen: list[Candidate]):
+        self.run, self.chosen, self.written = run, chosen, None
+        self.pending = list(run.preset.seeds)
+
+    def write_ready(self, results: dict[int, dict]) -> None:
+        """`results` by head number, seed-major as final_round numbers them."""
+        run, per_seed = self.run, len(self.chosen)
+        while self.pending:
+            index = run.preset.seeds.index(self.pending[0])
+            if not all(index * per_seed + i in results for i in range(per_seed)):
+                return
+            seed = self.pending.pop(0)
+            get_run_logger().info(stage_line("report", f"after seed {seed}"))
+            self.written = report_task(run.store, run.model_key, run.request.preset, [c.layers for c in self.chosen])

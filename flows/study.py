@@ -1,7 +1,8 @@
 """The study's two extra rounds inside the pipeline (preset `study`): screening every candidate
 at a short budget, and the target's own replies to the benchmarks, replayed for the finals.
 
-    screen: every candidate × seed → train 1 epoch → τ_offline → the finalists
+    screen: every candidate × seed → train 1 epoch → τ_offline → the finalists (side by side on a
+            Dask cluster when the run has one, as the final round)
     prepare_replay: per bench, the target answers the prompts once → extracted into its own store
 """
 
@@ -11,17 +12,16 @@ from prefect import get_run_logger
 
 from flows.extract import extract
 from flows.generate import generate
-from flows.rounds import checked_head
-from flows.train import train_head
+from flows.rounds import checked_head, each_head
 from store import paths
 from store.access import open_existing
 from store.paths import Workspace
 from tasks.decode.replay import whole_corpus, write_prompts
+from tasks.heads.fan_out import HeadPool
 from tasks.pipeline_request import Run
-from tasks.progress import Pace, stage_line
+from tasks.progress import stage_line
 from tasks.report.ledger import Ledger
 from tasks.report.study import finalists, screening_rows, screening_tau
-from tasks.request import parameters
 from tasks.select.selection import Candidate
 
 
@@ -43,14 +43,14 @@ def prepare_replay(run: Run, bench: str) -> None:
             **whole_corpus(corpus))
 
 
-def screen(run: Run, candidates: list[Candidate]) -> list[Candidate]:
+def screen(run: Run, candidates: list[Candidate], pool: HeadPool) -> list[Candidate]:
     """Train every candidate × seed at the screening budget (or take its τ_offline from the
     published ledger); the finalists by mean τ_offline."""
     logger, p = get_run_logger(), run.preset
     ledger = Ledger.published(p.publish, run.model_key)
     scores: dict[tuple, dict[int, dict]] = {}
     heads = [(seed, candidate) for seed in p.seeds for candidate in candidates]
-    pace = Pace(len(heads))
+    jobs = {}
     for number, (seed, candidate) in enumerate(heads):
         head = Workspace(run.store).screening_head(run.model_key, run.request.preset, candidate.layers, seed)
         which = f"screening head {number + 1}/{len(heads)} {candidate.layers} seed {seed}"
@@ -59,13 +59,12 @@ def screen(run: Run, candidates: list[Candidate]) -> list[Candidate]:
         if published:
             logger.info(stage_line("train", f"{which}: screened on an earlier machine ({ledger.path})"))
             scores.setdefault(tuple(candidate.layers), {})[seed] = published
-            continue
-        logger.info(stage_line("train", which + pace.eta(number)))
-        pace.start()
-        trained = train_head(**parameters(request))
-        pace.finish(worked=not trained.reused)
-        ledger = ledger.publish_head(head, "screening", candidate.layers, seed, p.benches)
-        scores.setdefault(tuple(candidate.layers), {})[seed] = screening_tau(trained.final)
+        else:
+            jobs[number] = {"run": run, "request": request, "which": which, "keys": {}}
+    for number, done in each_head(pool, jobs, len(heads)):
+        seed, candidate = heads[number]
+        ledger = ledger.publish_head(jobs[number]["request"].out, "screening", candidate.layers, seed, p.benches)
+        scores.setdefault(tuple(candidate.layers), {})[seed] = screening_tau(done["trained"].final)
     ranked = screening_rows(candidates, scores)
     chosen = finalists(candidates, ranked, p.finalists)
     logger.info("screening (%d epoch(s), τ_offline): %s; finalists %s", p.screen_epochs,

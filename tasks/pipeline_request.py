@@ -26,6 +26,12 @@ class RunRequest:
                                 "prompts (e.g. sharegpt, as the published SmolLM2 study did)")
     warm_start: bool | None = option(None, "heads start from the target's lm_head and final norm (default: the "
                                      "preset's, off)")
+    workers: int | None = option(None, "train each round's heads side by side on a local Dask cluster of this "
+                                 "many worker processes, the cores shared out among them (default: one after "
+                                 "another in this process)")
+    dask_address: str | None = option(None, "train each round's heads on an existing Dask cluster, a head per "
+                                      "worker at a time, e.g. tcp://scheduler:8786 (the store on storage every "
+                                      "worker reads)")
 
     def check(self) -> Run:
         """A pipeline request's mistakes, before any stage runs; resolves the preset's defaults."""
@@ -37,6 +43,15 @@ class RunRequest:
         p = pipeline_preset(self.preset)
         if self.limit is not None and self.limit < 1:
             raise LayerwaveError(f"--limit must be at least 1 (got {self.limit})")
+        if self.workers is not None and self.workers < 1:
+            raise LayerwaveError(f"--workers must be at least 1 (got {self.workers}); leave it out to train heads "
+                                 "one after another")
+        if self.workers and self.dask_address:
+            raise LayerwaveError("give --workers (a local cluster) or --dask-address (an existing one), not both")
+        if self.dask_address:
+            from tasks.dask_cluster import reachable
+
+            reachable(self.dask_address, "train heads one after another in this process")
         key = resolve(self.model).key  # an unknown model fails here, with the list of known ones
         if self.corpus is not None:
             load_corpus(self.corpus)

@@ -104,6 +104,14 @@ CASES = {
     "run an unknown preset": (lambda w: ["run", "--model", TINY, "--preset", "huge"], "unknown pipeline preset 'huge'"),
     "run --limit 0": (lambda w: ["run", "--model", TINY, "--preset", "smoke", "--limit", "0"],
                       "--limit must be at least 1 (got 0)"),
+    "run --workers 0": (lambda w: ["run", "--model", TINY, "--preset", "smoke", "--workers", "0"],
+                        "--workers must be at least 1 (got 0)"),
+    "run --workers with --dask-address": (
+        lambda w: ["run", "--model", TINY, "--preset", "smoke", "--workers", "2", "--dask-address", "tcp://127.0.0.1:9"],
+        "give --workers (a local cluster) or --dask-address (an existing one), not both"),
+    "run with an unreachable Dask scheduler": (
+        lambda w: ["run", "--model", TINY, "--preset", "smoke", "--dask-address", "tcp://127.0.0.1:9"],
+        "cannot reach a Dask scheduler at --dask-address tcp://127.0.0.1:9"),
     "generate --max-new-tokens 0": (lambda w: ["generate", "--model", TINY, "--store", w["store"],
                                                "--max-new-tokens", "0"], "--max-new-tokens must be at least 1"),
     # unreachable services

@@ -5,9 +5,7 @@ the out-of-core Dask statistics pass, the measures, the plots, and the summary i
 from __future__ import annotations
 
 import contextlib
-import socket
 import time
-from urllib.parse import urlsplit
 
 import numpy as np
 from prefect import get_run_logger, task
@@ -19,6 +17,7 @@ from store.errors import LayerwaveError
 from store.paths import Workspace
 from store.read import open_activations
 from store.stats_store import open_stats
+from tasks.dask_cluster import connect
 from tasks.progress import rate_eta
 from tasks.report.plots import plot_cka, plot_entropy_vs_depth
 from tasks.select.layer_ids import eagle3_default
@@ -69,25 +68,7 @@ def accumulate_task(analysis: Analysis) -> dict:
 
 
 def _dask_client(address: str | None):
-    if not address:
-        return None
-    from distributed import Client
-
-    try:
-        _connect_once(address)
-        return Client(address, timeout="10s")
-    except (OSError, TimeoutError) as err:
-        raise LayerwaveError(f"cannot reach a Dask scheduler at --dask-address {address} ({err}); start one "
-                             "(`dask scheduler`, then `dask worker ADDRESS`) or leave --dask-address out to "
-                             "compute locally") from None
-
-
-def _connect_once(address: str) -> None:
-    """Raise at once where nothing listens: a refused TCP address fails in milliseconds, where
-    Dask's Client would keep retrying until its timeout."""
-    parts = urlsplit(address if "://" in address else f"tcp://{address}")
-    if parts.scheme == "tcp" and parts.hostname and parts.port:
-        socket.create_connection((parts.hostname, parts.port), timeout=10).close()
+    return connect(address, "compute locally") if address else None
 
 
 @task(name="compute-measures", cache_policy=NO_CACHE)

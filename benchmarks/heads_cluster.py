@@ -1,0 +1,73 @@
+"""Heads side by side on a local Dask cluster against one after another, same heads.
+
+    python benchmarks/heads_cluster.py [--workers 2] [--epochs 40] [--out benchmarks/out/heads_cluster.json]
+
+Runs the tiny model's smoke study once to build its stores (untimed), then times its head rounds
+(screening and finals; every other stage is current and skipped) twice from no heads: in process,
+one head after another with every core (the baseline), and on a local Dask cluster of `--workers`
+processes, a head each with its share of the cores. `--epochs` lengthens every head so the rounds
+are bound by training, as a real study's are, rather than by the cluster's start-up. Prints both
+times and their ratio, checks the heads are the same files, and writes the JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+os.environ.setdefault("PREFECT_HOME", tempfile.mkdtemp(prefix="layerwave-bench-prefect-"))
+os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+os.environ.setdefault("DO_NOT_TRACK", "1")
+
+from flows.pipeline import pipeline  # noqa: E402
+from store.paths import Workspace  # noqa: E402
+from tasks.pipeline_presets import PIPELINE_PRESETS  # noqa: E402
+
+PRESET = "smoke-study"
+
+
+def heads(store: str) -> dict[str, str]:
+    folder = Workspace(store).beside("heads")
+    return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(folder.rglob("model.safetensors"))}
+
+
+def timed_rounds(store: str, **cluster) -> float:
+    shutil.rmtree(Workspace(store).beside("heads"), ignore_errors=True)
+    started = time.perf_counter()
+    pipeline(model="tiny-random-llama", preset=PRESET, store=store, **cluster)
+    return time.perf_counter() - started
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--epochs", type=int, default=40)
+    parser.add_argument("--out", default="benchmarks/out/heads_cluster.json")
+    args = parser.parse_args()
+    PIPELINE_PRESETS[PRESET] = dataclasses.replace(PIPELINE_PRESETS[PRESET], epochs=args.epochs,
+                                                   screen_epochs=args.epochs // 2)
+    store = str(Path(tempfile.mkdtemp(prefix="layerwave-bench-heads-")) / "study.zarr")
+    pipeline(model="tiny-random-llama", preset=PRESET, store=store)  # the stores; heads are removed below
+    alone = timed_rounds(store)
+    alone_heads = heads(store)
+    clustered = timed_rounds(store, workers=args.workers)
+    result = {"preset": PRESET, "epochs": args.epochs, "screen_epochs": args.epochs // 2, "heads": len(alone_heads),
+              "cores": os.cpu_count(), "workers": args.workers, "in_process_s": round(alone, 2),
+              "cluster_s": round(clustered, 2), "speedup": round(alone / clustered, 3),
+              "same_heads": heads(store) == alone_heads}
+    print(f"{len(alone_heads)} heads: in process {alone:.1f} s, {args.workers} local Dask workers {clustered:.1f} s "
+          f"({alone / clustered:.2f}x); same heads: {result['same_heads']}")
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
