@@ -3,11 +3,12 @@
     python benchmarks/heads_cluster.py [--workers 2] [--epochs 40] [--out benchmarks/out/heads_cluster.json]
 
 Runs the tiny model's smoke study once to build its stores (untimed), then times its head rounds
-(screening and finals; every other stage is current and skipped) twice from no heads: in process,
-one head after another with every core (the baseline), and on a local Dask cluster of `--workers`
-processes, a head each with its share of the cores. `--epochs` lengthens every head so the rounds
-are bound by training, as a real study's are, rather than by the cluster's start-up. Prints both
-times and their ratio, checks the heads are the same files, and writes the JSON.
+(screening and finals; every other stage is current and skipped) three times from no heads: in
+process, one head after another with every core (the baseline, what a run without a cluster
+does); in process with each head at the cluster's share of the cores (the same threads per head);
+and on a local Dask cluster of `--workers` processes. `--epochs` lengthens every head so the
+rounds are bound by training rather than by the cluster's start-up. Prints the times and their
+ratios, checks the cluster's heads are the same files as the equal-threads run's, and writes the JSON.
 """
 
 from __future__ import annotations
@@ -21,6 +22,8 @@ import shutil
 import tempfile
 import time
 from pathlib import Path
+
+import torch
 
 os.environ.setdefault("PREFECT_HOME", tempfile.mkdtemp(prefix="layerwave-bench-prefect-"))
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
@@ -56,15 +59,22 @@ def main() -> None:
                                                    screen_epochs=args.epochs // 2)
     store = str(Path(tempfile.mkdtemp(prefix="layerwave-bench-heads-")) / "study.zarr")
     pipeline(model="tiny-random-llama", preset=PRESET, store=store)  # the stores; heads are removed below
+    cores, share = torch.get_num_threads(), max(1, (os.cpu_count() or 1) // args.workers)
     alone = timed_rounds(store)
-    alone_heads = heads(store)
+    torch.set_num_threads(share)
+    alone_at_share = timed_rounds(store)
+    torch.set_num_threads(cores)
+    share_heads = heads(store)
     clustered = timed_rounds(store, workers=args.workers)
-    result = {"preset": PRESET, "epochs": args.epochs, "screen_epochs": args.epochs // 2, "heads": len(alone_heads),
-              "cores": os.cpu_count(), "workers": args.workers, "in_process_s": round(alone, 2),
+    result = {"preset": PRESET, "epochs": args.epochs, "screen_epochs": args.epochs // 2, "heads": len(share_heads),
+              "workers": args.workers, "threads_in_process": cores, "threads_per_head_on_cluster": share,
+              "in_process_s": round(alone, 2), "in_process_at_share_s": round(alone_at_share, 2),
               "cluster_s": round(clustered, 2), "speedup": round(alone / clustered, 3),
-              "same_heads": heads(store) == alone_heads}
-    print(f"{len(alone_heads)} heads: in process {alone:.1f} s, {args.workers} local Dask workers {clustered:.1f} s "
-          f"({alone / clustered:.2f}x); same heads: {result['same_heads']}")
+              "speedup_at_equal_threads": round(alone_at_share / clustered, 3),
+              "same_heads_at_equal_threads": heads(store) == share_heads}
+    print(f"{len(share_heads)} heads: in process {alone:.1f} s ({cores} threads), {alone_at_share:.1f} s ({share} "
+          f"per head); {args.workers} local Dask workers {clustered:.1f} s: {alone / clustered:.2f}x, "
+          f"{alone_at_share / clustered:.2f}x at equal threads; same heads: {result['same_heads_at_equal_threads']}")
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
 
