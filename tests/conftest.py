@@ -170,8 +170,9 @@ def saved_checkpoint(tiny, folder) -> str:
 # alone at the end while the other core idles. (Without the flag xdist orders modules by their number
 # of tests, which puts the few-test, long end-to-end modules last.) Ordered by seconds measured on a
 # 2-core machine; modules not listed follow in their own order.
-LONGEST_FIRST = ["test_s3_store.py", "test_faults.py", "test_deployments.py", "test_pipeline.py", "test_busy_machine.py",
-                 "test_resume.py", "test_generate.py", "test_every_mistake.py", "test_tree_decode.py", "test_study.py",
+LONGEST_FIRST = ["test_s3_store.py", "test_faults.py", "test_deployments.py", "test_pipeline.py", "test_study.py",
+                 "test_busy_machine.py",
+                 "test_resume.py", "test_generate.py", "test_every_mistake.py", "test_tree_decode.py",
                  "test_readme.py", "test_offline_tau.py", "test_stats_wide.py", "test_precision.py",
                  "test_bad_input.py", "test_scale_out.py", "test_draft_head.py", "test_compare.py",
                  "test_user_mistakes.py"]

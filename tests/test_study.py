@@ -1,17 +1,25 @@
 """The study's rounds on the tiny model: every candidate screened, the finalists chosen from the
 screening, their τ replayed along the target's own stored replies and equal to real decoding's,
 a report with the screening, its rank correlation and how the target's replies ended, a second
-run that does no work, and a run without the heads that resumes from the published ledger."""
+run that does no work, a run without the heads that resumes from the published ledger, and the
+same heads trained side by side on a Dask cluster (a real scheduler and two workers started here,
+stopped by PID), one worker killed mid-head."""
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import shutil
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import numpy as np
 import pytest
+from prefect import task
 
 import flows.rounds
 from flows.evaluate import evaluate
@@ -21,12 +29,14 @@ from store.access import open_existing
 from store.paths import Workspace
 from store.read import open_activations
 from tasks.data.regen_corpus import read_generated
+from tasks.heads.fan_out import HeadPool
 from tasks.pipeline_presets import PIPELINE_PRESETS
 from tasks.report.ledger import LEDGER
 from tasks.report.study import finalists, screening_rows
 from tasks.report.write_report import report_task
 from tasks.select.selection import Candidate
 from tests.conftest import TINY
+from tests.processes import cli_argv, cli_env, free_port
 from tests.test_pipeline import modification_times, pipeline_run
 
 
@@ -143,3 +153,100 @@ def test_every_head_is_published_to_the_ledger_as_soon_as_it_is_scored(studied, 
     scored = {(tuple(row.layers), row.bench): row.tau for row in summary.evaluated}
     assert {(tuple(r["layers"]), bench): score["tau"] for r in ledger if r["round"] == "final"
             for bench, score in r["scores"].items()} == scored
+
+
+@pytest.fixture(scope="module")
+def dask_cluster(tmp_path_factory):
+    """(scheduler address, Client) of a scheduler and two one-thread workers whose BLAS/OpenMP pools
+    keep this process's thread count (Dask's nanny would set 1), so heads train as they do here."""
+    from distributed import Client
+
+    logs, port = tmp_path_factory.mktemp("dask"), free_port()
+    address = f"tcp://127.0.0.1:{port}"
+    env = {**os.environ, **{f"DASK_DISTRIBUTED__NANNY__ENVIRON__{name}": os.environ[name]
+                            for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS")}}
+    dask = str(Path(sys.executable).with_name("dask"))
+    commands = [[dask, "scheduler", "--host", "127.0.0.1", "--port", str(port), "--no-dashboard"]]
+    commands += [[dask, "worker", address, "--nthreads", "1", "--no-dashboard", "--name", f"worker-{i}"] for i in (0, 1)]
+    processes = []
+    try:
+        for number, command in enumerate(commands):
+            processes.append(subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, start_new_session=True,
+                                              stderr=open(logs / f"{number}.log", "w")))
+            if number == 0:
+                time.sleep(1)
+        with Client(address, timeout="60s") as client:
+            client.wait_for_workers(2, timeout=120)
+            yield address, client
+    finally:
+        for process in processes:
+            os.killpg(process.pid, signal.SIGTERM)
+        for process in processes:
+            process.wait(timeout=60)
+
+
+def kill_a_worker_mid_head(client, run: subprocess.Popen) -> None:
+    """SIGKILL the process of the first worker seen training a head, a second into it."""
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:
+        assert run.poll() is None, "the run ended before any head reached a worker"
+        busy = [worker for worker, keys in client.processing().items() if any("head_job" in k for k in keys)]
+        if busy:
+            time.sleep(1)
+            os.kill(client.run(os.getpid)[busy[0]], signal.SIGKILL)
+            return
+        time.sleep(0.05)
+    raise AssertionError("no head reached a worker in time")
+
+
+def published(store: str, folder: Path, monkeypatch) -> tuple[list, list]:
+    """(ledger records, report rows) of the heads beside `store`, as its report publishes them."""
+    monkeypatch.setitem(PIPELINE_PRESETS, "smoke-study",
+                        dataclasses.replace(PIPELINE_PRESETS["smoke-study"], publish=str(folder)))
+    report_task(store, TINY, "smoke-study")
+    return (json.loads((folder / TINY / LEDGER).read_text())["heads"],
+            json.loads((folder / TINY / "results.json").read_text())["rows"])
+
+
+def model_files(heads: Path) -> dict:
+    return {path.relative_to(heads): path.read_bytes() for path in heads.rglob("model.safetensors")}
+
+
+def test_a_worker_killed_mid_head_and_the_run_still_equals_a_sequential_one(dask_cluster, studied, prefect_api,
+                                                                            tmp_path, monkeypatch):
+    """The study's heads again, side by side on a real scheduler and two workers (`layerwave run
+    --dask-address`, every other stage current), one worker killed mid-head: the run finishes, and
+    its heads (bit for bit), ledger and report results equal the in-process run's."""
+    address, client = dask_cluster
+    store, log = studied[0], tmp_path / "run.log"
+    heads = Workspace(store).beside("heads")
+    alone = heads.rename(heads.with_name("study.heads-in-process"))
+    try:
+        with open(log, "w") as stderr:
+            run = subprocess.Popen(cli_argv("run", {"model": TINY, "preset": "smoke-study", "store": store,
+                                                    "dask_address": address}),
+                                   env=cli_env(prefect_api), stdout=subprocess.DEVNULL, stderr=stderr)
+            try:
+                kill_a_worker_mid_head(client, run)
+                assert run.wait(timeout=600) == 0, log.read_text()[-3000:]
+            finally:
+                run.kill()
+        assert f"heads on the Dask cluster at {address}" in log.read_text() and "done (3/3)" in log.read_text()
+        assert len(model_files(alone)) >= 5 and model_files(heads) == model_files(alone)  # 3 screened, 2+ finals
+        clustered = published(store, tmp_path / "clustered", monkeypatch)
+    finally:
+        shutil.rmtree(heads, ignore_errors=True)
+        alone.rename(heads)
+    assert clustered == published(store, tmp_path / "in-process", monkeypatch)
+
+
+def test_a_local_cluster_runs_heads_in_its_own_processes_with_a_share_of_the_cores():
+    with HeadPool(workers=2) as pool:
+        assert pool.where() == "on 2 local Dask workers" and pool.threads == max(1, (os.cpu_count() or 1) // 2)
+        processes = dict(pool.finished(_process, {n: {} for n in range(3)}))
+    assert sorted(processes) == [0, 1, 2] and os.getpid() not in processes.values()
+
+
+@task
+def _process() -> int:
+    return os.getpid()
