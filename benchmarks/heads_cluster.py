@@ -1,12 +1,14 @@
 """Heads side by side on a local Dask cluster against one after another, same heads.
 
-    python benchmarks/heads_cluster.py [--workers 2] [--epochs 40] [--out benchmarks/out/heads_cluster.json]
+    python benchmarks/heads_cluster.py [--workers 2 | --dask-address tcp://HOST:8786] [--epochs 40]
+                                       [--out benchmarks/out/heads_cluster.json]
 
 Runs the tiny model's smoke study once to build its stores (untimed), then times its head rounds
 (screening and finals; every other stage is current and skipped) three times from no heads: in
 process, one head after another with every core (the baseline, what a run without a cluster
 does); in process with each head at the cluster's share of the cores (the same threads per head);
-and on a local Dask cluster of `--workers` processes. `--epochs` lengthens every head so the
+and on a local Dask cluster of `--workers` processes (or on the cluster at `--dask-address`, its
+workers started with one thread each). `--epochs` lengthens every head so the
 rounds are bound by training rather than by the cluster's start-up. Prints the times and their
 ratios, checks the cluster's heads are the same files as the equal-threads run's, and writes the JSON.
 """
@@ -52,6 +54,7 @@ def timed_rounds(store: str, **cluster) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--dask-address", help="an existing cluster of --workers workers instead of a local one")
     parser.add_argument("--epochs", type=int, default=40)
     parser.add_argument("--out", default="benchmarks/out/heads_cluster.json")
     args = parser.parse_args()
@@ -65,15 +68,17 @@ def main() -> None:
     alone_at_share = timed_rounds(store)
     torch.set_num_threads(cores)
     share_heads = heads(store)
-    clustered = timed_rounds(store, workers=args.workers)
+    cluster = {"dask_address": args.dask_address} if args.dask_address else {"workers": args.workers}
+    clustered = timed_rounds(store, **cluster)
     result = {"preset": PRESET, "epochs": args.epochs, "screen_epochs": args.epochs // 2, "heads": len(share_heads),
-              "workers": args.workers, "threads_in_process": cores, "threads_per_head_on_cluster": share,
+              "workers": args.workers, "cluster": args.dask_address or "local", "threads_in_process": cores, "threads_per_head_on_cluster": share,
               "in_process_s": round(alone, 2), "in_process_at_share_s": round(alone_at_share, 2),
               "cluster_s": round(clustered, 2), "speedup": round(alone / clustered, 3),
               "speedup_at_equal_threads": round(alone_at_share / clustered, 3),
               "same_heads_at_equal_threads": heads(store) == share_heads}
+    where = f"Dask workers at {args.dask_address}" if args.dask_address else "local Dask workers"
     print(f"{len(share_heads)} heads: in process {alone:.1f} s ({cores} threads), {alone_at_share:.1f} s ({share} "
-          f"per head); {args.workers} local Dask workers {clustered:.1f} s: {alone / clustered:.2f}x, "
+          f"per head); {args.workers} {where} {clustered:.1f} s: {alone / clustered:.2f}x, "
           f"{alone_at_share / clustered:.2f}x at equal threads; same heads: {result['same_heads_at_equal_threads']}")
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
