@@ -12,6 +12,7 @@ import time
 import pytest
 import xarray as xr
 
+from flows.pipeline import pipeline
 from tests.conftest import TINY
 from tests.processes import cli_argv, free_port, run
 
@@ -91,13 +92,13 @@ def test_store_heads_evaluations_and_report_land_in_the_bucket(bucket, finished)
     assert manifest["complete"] and manifest["tokens"] >= 1000
 
 
-def test_a_second_run_skips_every_stage(bucket, finished, prefect_api, tmp_path):
+def test_a_second_run_skips_every_stage(bucket, finished, monkeypatch):
+    """In this process (the first run was the command line's): no object in the bucket is rewritten."""
     env, fs = bucket
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
     made = {prefix: objects(fs, f"{BUCKET}/layerwave.{prefix}") for prefix in ("zarr", "training.zarr", "heads",
                                                                                "corpora")}
-    again = run(cli_argv("run", {"model": TINY, "preset": "smoke", "limit": 1, "store": STORE,
-                                 "json": tmp_path / "again.json"}),
-                prefect_api, env=env, cwd=tmp_path)
-    assert again.returncode == 0, again.stderr[-3000:]
-    assert all(row["reused"] for row in json.loads((tmp_path / "again.json").read_text())["evaluated"])
+    again = pipeline(model=TINY, preset="smoke", limit=1, store=STORE)
+    assert again.evaluated and all(row.reused for row in again.evaluated)
     assert {prefix: objects(fs, f"{BUCKET}/layerwave.{prefix}") for prefix in made} == made
