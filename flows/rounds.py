@@ -77,6 +77,7 @@ def each_head(pool: HeadPool, jobs: dict[int, dict], total: int) -> Iterator[tup
     """(number, head_job's result) of every job as it finishes, with a `[stage 4/6] train` line
     before each head in process, or after each one on a cluster, counting heads done anywhere."""
     logger, started = get_run_logger(), time.perf_counter()
+    jobs = {number: {**job, "threads": pool.threads} for number, job in jobs.items()}
     if not pool.parallel:
         for done, (number, job) in enumerate(jobs.items()):
             logger.info(stage_line("train", job["which"] + rate_eta(done, len(jobs), time.perf_counter() - started)))
@@ -84,8 +85,7 @@ def each_head(pool: HeadPool, jobs: dict[int, dict], total: int) -> Iterator[tup
         return
     if jobs:
         logger.info(stage_line("train", f"{len(jobs)} of {total} heads {pool.where()}"))
-    on_cluster = {number: {**job, "threads": pool.threads} for number, job in jobs.items()}
-    for done, (number, result) in enumerate(pool.finished(head_job, on_cluster), start=1):
+    for done, (number, result) in enumerate(pool.finished(head_job, jobs), start=1):
         logger.info(stage_line("train", f"{jobs[number]['which']} done ({done}/{len(jobs)})"
                                + rate_eta(done, len(jobs), time.perf_counter() - started)))
         yield number, result
@@ -125,16 +125,15 @@ class SeedReports:
     """The report rewritten after each seed, in seed order, once all of that seed's heads are in."""
 
     def __init__(self, run: Run, chosen: list[Candidate]):
-        self.run, self.chosen, self.written = run, chosen, None
-        self.pending = list(run.preset.seeds)
+        self.run, self.chosen, self.written, self.reported = run, chosen, None, 0  # seeds reported so far
 
     def write_ready(self, results: dict[int, dict]) -> None:
         """`results` by head number, seed-major as final_round numbers them."""
-        run, per_seed = self.run, len(self.chosen)
-        while self.pending:
-            index = run.preset.seeds.index(self.pending[0])
-            if not all(index * per_seed + i in results for i in range(per_seed)):
+        run, seeds, per_seed = self.run, self.run.preset.seeds, len(self.chosen)
+        while self.reported < len(seeds):
+            first = self.reported * per_seed
+            if not all(number in results for number in range(first, first + per_seed)):
                 return
-            seed = self.pending.pop(0)
-            get_run_logger().info(stage_line("report", f"after seed {seed}"))
+            get_run_logger().info(stage_line("report", f"after seed {seeds[self.reported]}"))
             self.written = report_task(run.store, run.model_key, run.request.preset, [c.layers for c in self.chosen])
+            self.reported += 1

@@ -157,24 +157,22 @@ def test_every_head_is_published_to_the_ledger_as_soon_as_it_is_scored(studied, 
 
 @pytest.fixture(scope="module")
 def dask_cluster(tmp_path_factory):
-    """(scheduler address, Client) of a scheduler and two one-thread workers whose BLAS/OpenMP pools
-    keep this process's thread count (Dask's nanny would set 1), so heads train as they do here."""
+    """(scheduler address, Client) of a scheduler and two workers running a head at a time; the
+    Client waits for them, whichever starts first."""
     from distributed import Client
 
     logs, port = tmp_path_factory.mktemp("dask"), free_port()
     address = f"tcp://127.0.0.1:{port}"
-    env = {**os.environ, **{f"DASK_DISTRIBUTED__NANNY__ENVIRON__{name}": os.environ[name]
-                            for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS")}}
     dask = str(Path(sys.executable).with_name("dask"))
-    commands = [[dask, "scheduler", "--host", "127.0.0.1", "--port", str(port), "--no-dashboard"]]
-    commands += [[dask, "worker", address, "--nthreads", "1", "--no-dashboard", "--name", f"worker-{i}"] for i in (0, 1)]
+    commands = {"scheduler": [dask, "scheduler", "--host", "127.0.0.1", "--port", str(port), "--no-dashboard"]}
+    commands |= {f"worker-{i}": [dask, "worker", address, "--nthreads", "1", "--no-dashboard", "--name", f"worker-{i}"]
+                 for i in (0, 1)}
     processes = []
     try:
-        for number, command in enumerate(commands):
-            processes.append(subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, start_new_session=True,
-                                              stderr=open(logs / f"{number}.log", "w")))
-            if number == 0:
-                time.sleep(1)
+        for name, command in commands.items():
+            with open(logs / f"{name}.log", "w") as log:
+                processes.append(subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=log,
+                                                  start_new_session=True))
         with Client(address, timeout="60s") as client:
             client.wait_for_workers(2, timeout=120)
             yield address, client

@@ -19,7 +19,7 @@ from tasks.data.prompts import (checked_prompts, encode_prompts, first_turns, fi
 from tasks.data.registry import store_key
 from tasks.decode.decoders import COMPARED, baseline, decoder, depth_of, drafted
 from tasks.decode.draft_auto import acceptance_profile, auto_plan
-from tasks.decode.lossless import diverges_at_tie
+from tasks.decode.lossless import TieCheck
 from tasks.decode.request import Evaluation
 from tasks.decode.side_by_side import side_by_side, summarize
 from tasks.decode.spec_decode import for_drafting, plain_generate
@@ -114,7 +114,7 @@ def evaluate_task(evaluation: Evaluation) -> dict:
     rows = side_by_side(baseline(target.model, r.max_new_tokens, eos, r.temperature),
                         [decoder(name, target.model, head, auto_choice=choice, **options) for name in names], prompts,
                         logger.info, r.repeat,
-                        functools.partial(diverges_at_tie, target.model) if r.temperature == 0 else None)
+                        TieCheck(target.model) if r.temperature == 0 else None)
     results = {name: summarize(rows[name], depth_of(name, r.depth, choice), sampled=r.temperature > 0)
                for name in names}
     settings = {"draft": r.draft, "tree_topk": r.tree_topk, "tree_tokens": r.tree_tokens,

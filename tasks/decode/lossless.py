@@ -11,8 +11,6 @@ begins at such a tie, measured by the target itself; anything else is a bug.
 
 from __future__ import annotations
 
-import functools
-
 import torch
 
 TIE_LOGITS = {torch.float32: 1e-3, torch.bfloat16: 0.5, torch.float16: 0.5}  # rounding's reach, per precision
@@ -24,19 +22,33 @@ def first_divergence(expected: list[int], got: list[int]) -> int | None:
                 None if len(expected) == len(got) else min(len(expected), len(got)))
 
 
+class TieCheck:
+    """`diverges_at_tie` for one evaluation's target, the target's forwards kept by context: the
+    decoders compared on a prompt mostly leave the baseline's text at the same tie. Owned by the
+    evaluation, so the target and its logits go when it ends."""
+
+    def __init__(self, target):
+        self.target, self.logits = target, {}
+
+    def __call__(self, prompt: list[int], expected: list[int], got: list[int]) -> bool:
+        """Whether `got` leaves `expected` at a token the target scores within its precision's
+        rounding of `expected`'s (after their common prefix); False where they end apart."""
+        at = first_divergence(expected, got)
+        if at is None or at >= min(len(expected), len(got)):
+            return False
+        context = tuple(prompt + expected[:at])
+        if context not in self.logits:
+            self.logits[context] = next_logits(self.target, context)
+        logits = self.logits[context]
+        return abs(float(logits[expected[at]] - logits[got[at]])) <= TIE_LOGITS.get(self.target.dtype, 0.0)
+
+
 def diverges_at_tie(target, prompt: list[int], expected: list[int], got: list[int]) -> bool:
-    """Whether `got` leaves `expected` at a token the target scores within its precision's
-    rounding of `expected`'s (after their common prefix); False where they end apart."""
-    at = first_divergence(expected, got)
-    if at is None or at >= min(len(expected), len(got)):
-        return False
-    logits = next_logits(target, tuple(prompt + expected[:at]))
-    return abs(float(logits[expected[at]] - logits[got[at]])) <= TIE_LOGITS.get(target.dtype, 0.0)
+    """One tie check (TieCheck) with nothing kept."""
+    return TieCheck(target)(prompt, expected, got)
 
 
-@functools.lru_cache(maxsize=8)
 @torch.no_grad()
 def next_logits(target, context: tuple[int, ...]) -> torch.Tensor:
-    """The target's next-token logits after `context`; cached, since the decoders compared on a
-    prompt mostly leave the baseline's text at the same tie."""
+    """The target's next-token logits after `context`."""
     return target(input_ids=torch.tensor([context], device=target.device), logits_to_keep=1).logits[0, -1].float()

@@ -4,9 +4,9 @@ either, heads run one after another in the flow's own process. Both ways hand ba
 finishes, so the round publishes it at once and a killed run loses no finished head.
 
 On a local cluster each head gets an equal share of the cores as its thread budget (`threads`), so
-two workers on two cores do not oversubscribe them; on a user's cluster the worker's own settings
-decide (Dask's nanny starts workers with one OpenMP thread unless told otherwise), and a head asks
-for one `GPU` where workers declare that resource.
+two workers on two cores do not oversubscribe them; on a user's cluster a head keeps its worker
+process's torch threads (one: Dask's nanny starts worker processes with OMP_NUM_THREADS=1), and a
+head asks for one `GPU` where workers declare that resource.
 """
 
 from __future__ import annotations
