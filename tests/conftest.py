@@ -35,17 +35,27 @@ LAYERS = [2, 4, 5]  # the EAGLE-3 default for the tiny model's 8 layers
 SMALL_LAYOUT = {"tokens_per_chunk": 64, "chunks_per_shard": 4}
 
 
+# The test server's background services (scheduling, late runs, triggers, event and task-run
+# recording) and log shipping to it serve no test here. Off, the server's CPU over
+# test_tree_decode.py and test_draft_head.py fell from 22 s to 13 s. The deployment tests start a
+# real server of their own, with every service (tests/test_deployments.py).
+IDLE_SERVICES = ["SCHEDULER", "LATE_RUNS", "FOREMAN", "PAUSE_EXPIRATIONS", "REPOSSESSOR", "CANCELLATION_CLEANUP",
+                 "CLEANUP_RECONCILER", "TRIGGERS", "EVENT_PERSISTER", "TASK_RUN_RECORDER"]
+
+
 @pytest.fixture(scope="session", autouse=True)
 def prefect_api():
     """One Prefect test server for the whole session; yields its API URL for subprocesses."""
-    from prefect.settings import PREFECT_API_URL, PREFECT_FLOWS_HEARTBEAT_FREQUENCY, temporary_settings
+    import prefect.settings
     from prefect.testing.utilities import prefect_test_harness
 
+    quiet = {getattr(prefect.settings, f"PREFECT_SERVER_SERVICES_{name}_ENABLED"): False for name in IDLE_SERVICES}
+    quiet[prefect.settings.PREFECT_LOGGING_TO_API_ENABLED] = False
     # No flow-run heartbeats in this process: a flow run's end waits for its heartbeat thread's
     # one-second sleep, about half a second per run, and the tests start hundreds of runs.
-    with prefect_test_harness(server_startup_timeout=120), \
-            temporary_settings(updates={PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None}):
-        yield PREFECT_API_URL.value()
+    quiet[prefect.settings.PREFECT_FLOWS_HEARTBEAT_FREQUENCY] = None
+    with prefect.settings.temporary_settings(updates=quiet), prefect_test_harness(server_startup_timeout=120):
+        yield prefect.settings.PREFECT_API_URL.value()
 
 
 @pytest.fixture(scope="session")
@@ -170,9 +180,10 @@ def saved_checkpoint(tiny, folder) -> str:
 # alone at the end while the other core idles. (Without the flag xdist orders modules by their number
 # of tests, which puts the few-test, long end-to-end modules last.) Ordered by seconds measured on a
 # 2-core machine; modules not listed follow in their own order.
-LONGEST_FIRST = ["test_s3_store.py", "test_faults.py", "test_deployments.py", "test_pipeline.py", "test_study.py",
-                 "test_busy_machine.py",
-                 "test_resume.py", "test_generate.py", "test_every_mistake.py", "test_tree_decode.py",
+# test_generate.py comes well before test_tree_decode.py: both read the `regen` fixture, and the
+# second to start would otherwise wait, its core idle, while the first builds it.
+LONGEST_FIRST = ["test_deployments.py", "test_faults.py", "test_pipeline.py", "test_study.py", "test_generate.py",
+                 "test_busy_machine.py", "test_resume.py", "test_every_mistake.py", "test_tree_decode.py",
                  "test_readme.py", "test_offline_tau.py", "test_stats_wide.py", "test_precision.py",
                  "test_bad_input.py", "test_scale_out.py", "test_draft_head.py", "test_compare.py",
                  "test_user_mistakes.py"]

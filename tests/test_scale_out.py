@@ -6,12 +6,13 @@ from __future__ import annotations
 
 import pytest
 
+from flows.cli import main
 from flows.extract import extract
 from store.errors import LayerwaveError
 from store.lock import writer_lock
 from tasks.extract.request import parse_part
 from tests.conftest import TINY, extract_options
-from tests.processes import assert_identical_stores, cli_argv, error_line, run, start
+from tests.processes import assert_identical_stores, cli_argv, error_line, start
 
 
 def test_two_parts_running_together_fill_one_store(tmp_path, corpus, prefect_api):
@@ -36,13 +37,15 @@ def test_a_parts_summary_says_what_it_wrote_and_what_is_left(tmp_path, corpus, p
     assert second["complete"] and second["shards_written"] == first["pending"]
 
 
-def test_a_whole_run_is_refused_while_parts_write(tmp_path, corpus, prefect_api):
+def test_a_whole_run_is_refused_while_parts_write(tmp_path, corpus, prefect_api, capsys):
+    """The whole run is the command a user types, here in this process: the part locks are file
+    locks, which refuse a second holder within one process as between two."""
     store = str(tmp_path / "busy.zarr")
     with writer_lock(store, TINY, parse_part("1/2")):
         with writer_lock(store, TINY, parse_part("2/2")):  # parts share the model's lock
-            refused = run(cli_argv("extract", extract_options(store, corpus)), prefect_api)
-            assert refused.returncode == 2
-            assert "another extraction of tiny-random-llama is writing" in error_line(refused.stderr)
+            capsys.readouterr()
+            assert main(cli_argv("extract", extract_options(store, corpus))[3:]) == 2
+            assert "another extraction of tiny-random-llama is writing" in error_line(capsys.readouterr().err)
         with pytest.raises(LayerwaveError, match="another extraction"):
             with writer_lock(store, TINY, parse_part("1/2")):  # the same part twice
                 pass
