@@ -20,6 +20,8 @@ os.environ["PREFECT_HOME"] = os.path.join(_SESSION_DIR, "prefect")
 os.environ["PREFECT_SERVER_ANALYTICS_ENABLED"] = "false"
 os.environ["DO_NOT_TRACK"] = "1"
 os.environ["HF_HUB_OFFLINE"] = "1"
+# No test reads a run's logs back from the API: neither this process nor any it starts ships them.
+os.environ["PREFECT_LOGGING_TO_API_ENABLED"] = "false"
 os.environ.setdefault("LAYERWAVE_CACHE", os.path.join(_SESSION_DIR, "cache"))
 # CPU float sums depend on how many threads split them; one fixed count for this process and every
 # subprocess it starts (they inherit it), so trained weights compare bit for bit across them. Under
@@ -36,7 +38,7 @@ SMALL_LAYOUT = {"tokens_per_chunk": 64, "chunks_per_shard": 4}
 
 
 # The test server's background services (scheduling, late runs, triggers, event and task-run
-# recording) and log shipping to it serve no test here. Off, the server's CPU over
+# recording) serve no test here; with them and log shipping (above) off, the server's CPU over
 # test_tree_decode.py and test_draft_head.py fell from 22 s to 13 s. The deployment tests start a
 # real server of their own, with every service (tests/test_deployments.py).
 IDLE_SERVICES = ["SCHEDULER", "LATE_RUNS", "FOREMAN", "PAUSE_EXPIRATIONS", "REPOSSESSOR", "CANCELLATION_CLEANUP",
@@ -50,7 +52,6 @@ def prefect_api():
     from prefect.testing.utilities import prefect_test_harness
 
     quiet = {getattr(prefect.settings, f"PREFECT_SERVER_SERVICES_{name}_ENABLED"): False for name in IDLE_SERVICES}
-    quiet[prefect.settings.PREFECT_LOGGING_TO_API_ENABLED] = False
     # No flow-run heartbeats in this process: a flow run's end waits for its heartbeat thread's
     # one-second sleep, about half a second per run, and the tests start hundreds of runs.
     quiet[prefect.settings.PREFECT_FLOWS_HEARTBEAT_FREQUENCY] = None

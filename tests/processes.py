@@ -29,9 +29,8 @@ def cli_argv(command: str, options: dict) -> list[str]:
 
 
 def cli_env(prefect_api: str, extra: dict | None = None) -> dict:
-    """This test session's environment, pointed at the session's Prefect test server, which keeps
-    no logs (conftest.py), so none are sent (plus `extra`)."""
-    return {**os.environ, "PREFECT_API_URL": prefect_api, "PREFECT_LOGGING_TO_API_ENABLED": "false", **(extra or {})}
+    """This test session's environment, pointed at the session's Prefect test server (plus `extra`)."""
+    return {**os.environ, "PREFECT_API_URL": prefect_api, **(extra or {})}
 
 
 def start(argv: list[str], prefect_api: str, **popen) -> subprocess.Popen:

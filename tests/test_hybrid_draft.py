@@ -14,7 +14,7 @@ import torch
 from flows.cli import main
 from tasks.decode.context_lookup import ContextLookup
 from tasks.decode.draft_auto import choose
-from tasks.decode.lossless import diverges_at_tie, first_divergence
+from tasks.decode.lossless import TieCheck, first_divergence
 from tasks.decode.spec_decode import (HeadDrafter, HybridDrafter, LookupDrafter, accept_sampled, plain_generate,
                                       speculative_generate)
 from tasks.decode.tree_decode import DraftTree
@@ -148,7 +148,7 @@ def test_a_mismatch_is_lossless_only_where_it_begins_at_a_tie_of_the_targets_rou
     runner_up = expected[:at] + [int(top.indices[at, 1])]
     worst = expected[:at] + [int(logits[at].argmin())]
     assert float(top.values[at, 0] - top.values[at, 1]) < 0.5
-    assert diverges_at_tie(half, prompt, expected, runner_up) and not diverges_at_tie(half, prompt, expected, worst)
-    assert not diverges_at_tie(tiny.model, prompt, expected, worst) and not diverges_at_tie(half, prompt, expected,
-                                                                                           expected)
-    assert first_divergence(expected, expected[:5]) == 5 and not diverges_at_tie(half, prompt, expected, expected[:5])
+    at_tie_half, at_tie_full = TieCheck(half), TieCheck(tiny.model)
+    assert at_tie_half(prompt, expected, runner_up) and not at_tie_half(prompt, expected, worst)
+    assert not at_tie_full(prompt, expected, worst) and not at_tie_half(prompt, expected, expected)
+    assert first_divergence(expected, expected[:5]) == 5 and not at_tie_half(prompt, expected, expected[:5])

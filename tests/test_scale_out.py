@@ -43,7 +43,6 @@ def test_a_whole_run_is_refused_while_parts_write(tmp_path, corpus, prefect_api,
     store = str(tmp_path / "busy.zarr")
     with writer_lock(store, TINY, parse_part("1/2")):
         with writer_lock(store, TINY, parse_part("2/2")):  # parts share the model's lock
-            capsys.readouterr()
             assert main(cli_argv("extract", extract_options(store, corpus))[3:]) == 2
             assert "another extraction of tiny-random-llama is writing" in error_line(capsys.readouterr().err)
         with pytest.raises(LayerwaveError, match="another extraction"):

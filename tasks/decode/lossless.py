@@ -23,9 +23,9 @@ def first_divergence(expected: list[int], got: list[int]) -> int | None:
 
 
 class TieCheck:
-    """`diverges_at_tie` for one evaluation's target, the target's forwards kept by context: the
-    decoders compared on a prompt mostly leave the baseline's text at the same tie. Owned by the
-    evaluation, so the target and its logits go when it ends."""
+    """Whether a decoder's text left the target's own at a tie, for one evaluation's target. The
+    target's forwards are kept by context, since the decoders compared on a prompt mostly leave
+    the baseline's text at the same tie; owned by the evaluation, so they go when it ends."""
 
     def __init__(self, target):
         self.target, self.logits = target, {}
@@ -41,11 +41,6 @@ class TieCheck:
             self.logits[context] = next_logits(self.target, context)
         logits = self.logits[context]
         return abs(float(logits[expected[at]] - logits[got[at]])) <= TIE_LOGITS.get(self.target.dtype, 0.0)
-
-
-def diverges_at_tie(target, prompt: list[int], expected: list[int], got: list[int]) -> bool:
-    """One tie check (TieCheck) with nothing kept."""
-    return TieCheck(target)(prompt, expected, got)
 
 
 @torch.no_grad()
