@@ -49,6 +49,27 @@ def test_resume_from_a_checkpoint_continues_identically(training_store, tmp_path
         assert torch.equal(a, b), name
 
 
+def test_ttt_warmup_trains_step_0_alone_first_then_the_whole_unroll(training_store, tmp_path):
+    """Up to the warmup's end the head is the one a one-step unroll trains (same data, same
+    learning rates); after it every step trains, and evaluations always score every step."""
+    config = replace(preset("smoke"), epochs=1, eval_every=10**6)
+    warm = replace(config, ttt_warmup=0.5)
+    data = StoreBatches(training_store, TINY, LAYERS, seq_len=config.seq_len, batch_size=config.batch_size, seed=0,
+                        holdout=config.holdout)
+    halfway = round(0.5 * len(data.plan(0)))
+    one_step_config = replace(config, ttt_steps=1)
+
+    def heads_after(steps: int) -> tuple:
+        return tuple(train(training_store, TINY, LAYERS, tmp_path / name, recipe, stop_after=steps)[0].state_dict()
+                     for name, recipe in (("one", one_step_config), ("warm", warm)))
+    one_step, warmed = heads_after(halfway)
+    assert all(torch.equal(one_step[name], warmed[name]) for name in one_step)
+    one_step, warmed = heads_after(halfway + 1)  # the first full unroll
+    assert not torch.equal(one_step["midlayer.mlp.up_proj.weight"], warmed["midlayer.mlp.up_proj.weight"])
+    _, record = train(training_store, TINY, LAYERS, tmp_path / "warm", warm)
+    assert record["finished"] and len(record["final"]["accuracy"]) == config.ttt_steps
+
+
 def test_draft_vocabulary_round_trip():
     counts = torch.tensor([5, 0, 9, 9, 1, 0, 3])
     d2t, t2d = draft_vocabulary(counts, 4)
@@ -130,6 +151,7 @@ def test_training_bad_input(training_store, tmp_path, capsys):
     refused(["--layers", "2,4,5", "--preset", "huge"], "unknown --preset")
     refused(["--layers", "2,4,5", "--epochs", "0"], "--epochs must be at least 1 (got 0)")
     refused(["--layers", "2,4,5", "--ttt-steps", "0"], "--ttt-steps must be at least 1 (got 0)")
+    refused(["--layers", "2,4,5", "--ttt-warmup", "1"], "--ttt-warmup is a share of the steps, in [0, 1) (got 1.0)")
     refused(["--layers", "2,4,5", "--device", "tpu"], "unknown --device 'tpu'; use auto, cpu or cuda")
 
 

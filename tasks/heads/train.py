@@ -21,7 +21,7 @@ from tasks.stage_key import current_record, stage_key, without_later_defaults, w
 def training_key(training: Training) -> str:
     """A head's inputs: the activations (by their plan hash), its layers, its recipe and its export."""
     recipe = without_later_defaults(asdict(training.config), {"precision": "float32", "layer_scaling": False,
-                                                              "loss_on_prompt": False})
+                                                              "loss_on_prompt": False, "ttt_warmup": 0.0})
     return stage_key(training.plan_hash, training.layers, recipe, training.request.fmt, training.verifier)
 
 

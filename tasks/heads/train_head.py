@@ -51,6 +51,10 @@ class TrainConfig:
     draft_vocab_from: str = "argmax"
     layer_scaling: bool = False  # each layer divided by its RMS before fc (DraftHead.aux_scale)
     loss_on_prompt: bool = False  # also learn at prompt positions (the accuracy stays on replies)
+    # Share of the steps that unroll one TTT step only, before the full unroll: a one-step window costs
+    # about a quarter of a four-step one, so step 0 (the draft every round starts with) sees more
+    # tokens in the same time; evaluations always unroll all `ttt_steps`.
+    ttt_warmup: float = 0.0
 
 
 PRESETS = {
@@ -176,7 +180,8 @@ def train(store: str, model_key: str, layers: list[int], out: Path, config: Trai
     step, history, untrained = 0, [], None
     if checkpoint.exists():
         state = torch.load(io.BytesIO(checkpoint.read_bytes()), weights_only=False, map_location=device)
-        if (state["layers"], state["config"], state["source"]) != (layers, asdict(config), source):
+        saved = {"ttt_warmup": 0.0, **state["config"]}  # a checkpoint from before the option had none
+        if (state["layers"], saved, state["source"]) != (layers, asdict(config), source):
             raise LayerwaveError(f"{checkpoint} belongs to another run (layers, preset or data differ); "
                                  "use another --out or delete it")
         head.resume_from(state["head"])
@@ -187,6 +192,7 @@ def train(store: str, model_key: str, layers: list[int], out: Path, config: Trai
         untrained = held_out_metrics(head, data, config, eos)
     index = target_to_draft(head.t2d)
     weights = [0.8 ** i for i in range(config.ttt_steps)]
+    warmup_steps = round(config.ttt_warmup * total)
     started, tokens, first_step = time.perf_counter(), 0, step
     progress_every = max(1, math.ceil(total / 10))  # a resume point
     last_line = started
@@ -201,7 +207,8 @@ def train(store: str, model_key: str, layers: list[int], out: Path, config: Trai
             for group in optimizer.param_groups:
                 group["lr"] = learning_rate(step, total, config) * group["scale"]
             with torch.autocast(device.type, torch.bfloat16, enabled=config.precision == "bfloat16"):
-                results = unroll(head, batch.to(device), index, config.ttt_steps, everywhere=config.loss_on_prompt)
+                unrolled = 1 if step < warmup_steps else config.ttt_steps
+                results = unroll(head, batch.to(device), index, unrolled, everywhere=config.loss_on_prompt)
                 loss = sum(w * r.loss for w, r in zip(weights, results))
             if not torch.isfinite(loss):
                 raise LayerwaveError(f"training loss became {loss.item()} at step {step}; the last good checkpoint "
@@ -258,6 +265,8 @@ def preset(name: str, **overrides) -> TrainConfig:
             raise LayerwaveError(f"--{option.replace('_', '-')} must be at least 1 (got {overrides[option]})")
     if overrides.get("lm_head_lr_scale") is not None and overrides["lm_head_lr_scale"] < 0:
         raise LayerwaveError(f"--lm-head-lr-scale must be >= 0 (got {overrides['lm_head_lr_scale']})")
+    if overrides.get("ttt_warmup") is not None and not 0 <= overrides["ttt_warmup"] < 1:
+        raise LayerwaveError(f"--ttt-warmup is a share of the steps, in [0, 1) (got {overrides['ttt_warmup']})")
     if overrides.get("draft_vocab_from") not in (None, "argmax", "input"):
         raise LayerwaveError(f"draft_vocab_from must be argmax or input (got {overrides['draft_vocab_from']!r})")
     config = replace(PRESETS[name], **{k: v for k, v in overrides.items() if v is not None})
