@@ -1,13 +1,13 @@
 """One-step TTT warmup against the full unroll throughout, at about equal training time.
 
-    python benchmarks/ttt_warmup.py --store STORE [--epochs 4] [--warmup 0.75] [--warmup-epochs 8]
+    python benchmarks/ttt_warmup.py --store STORE [--epochs 4] [--warmups 0.75:8 0.9:10]
                                     [--out benchmarks/out/ttt_warmup.json]
 
 STORE is a training store of the EAGLE-3 default layers of the target's own replies (as for
-benchmarks/recipe.py). Row 0 is the `quick` recipe (TTT 4 at every step) for `--epochs`; row 1
-the same recipe whose first `--warmup` share of steps unroll one step only, for `--warmup-epochs`,
-chosen so that both rows take about the same time (a one-step unroll costs about a third of a
-four-step one). Both from seed 0, bfloat16 autocast, held-out split and columns as recipe.py's,
+benchmarks/recipe.py). Row 0 is the `quick` recipe before the warmup (TTT 4 at every step) for
+`--epochs`; each later row (`SHARE:EPOCHS`) the same recipe whose first SHARE of steps unroll one
+step only, for EPOCHS, chosen so that every row takes about the same time (a one-step unroll costs
+about a third of a four-step one). Both from seed 0, bfloat16 autocast, held-out split and columns as recipe.py's,
 plus the training seconds. Each row is saved as it finishes and skipped on a re-run.
 """
 
@@ -30,8 +30,7 @@ def main() -> None:
     parser.add_argument("--store", required=True)
     parser.add_argument("--model", default="smollm2-135m")
     parser.add_argument("--epochs", type=int, default=4)
-    parser.add_argument("--warmup", type=float, default=0.75)
-    parser.add_argument("--warmup-epochs", type=int, default=8)
+    parser.add_argument("--warmups", nargs="*", default=["0.75:8", "0.9:10"], help="SHARE:EPOCHS per row")
     parser.add_argument("--work", default=None, help="where the heads go (default: beside --out)")
     parser.add_argument("--out", default="benchmarks/out/ttt_warmup.json")
     args = parser.parse_args()
@@ -40,14 +39,16 @@ def main() -> None:
     out = Path(args.out)
     work = Path(args.work or out.with_suffix(".heads"))
     result = json.loads(out.read_text()) if out.exists() else {"rows": {}}
-    quick = replace(preset("quick"), precision="bfloat16", eval_every=10**9, chain_depth=4, holdout=HOLDOUT)
+    quick = replace(preset("quick"), precision="bfloat16", eval_every=10**9, chain_depth=4, holdout=HOLDOUT,
+                    ttt_warmup=0.0)
     data = StoreBatches(args.store, key, layers, seq_len=quick.seq_len, batch_size=1, seed=0, holdout=HOLDOUT)
     result.update(model=args.model, layers=layers, store_tokens=int(len(data.doc)),
                   token_passes_per_epoch=sum(b - a for _, windows in data.plan(0) for a, b in windows),
                   bigram_accuracy=bigram_accuracy(data))
-    rows = [(f"quick, TTT {quick.ttt_steps} throughout, {args.epochs} epochs", replace(quick, epochs=args.epochs)),
-            (f"quick, one-step TTT for the first {args.warmup:.0%} of steps, {args.warmup_epochs} epochs",
-             replace(quick, epochs=args.warmup_epochs, ttt_warmup=args.warmup))]
+    rows = [(f"quick, TTT {quick.ttt_steps} throughout, {args.epochs} epochs", replace(quick, epochs=args.epochs))]
+    for share, epochs in (map(float, row.split(":")) for row in args.warmups):
+        rows.append((f"quick, one-step TTT for the first {share:.0%} of steps, {epochs:.0f} epochs",
+                     replace(quick, epochs=int(epochs), ttt_warmup=share)))
     for index, (name, config) in enumerate(rows):
         if name not in result["rows"]:
             row = train_row(args.store, key, layers, work / f"row-{index}", config)
