@@ -43,7 +43,7 @@ from tasks.select.layer_ids import eagle3_default  # noqa: E402
 TOLERANCE = 0.005  # a change is kept unless step-0 accuracy falls by more than this (seed noise)
 HOLDOUT = 0.15  # of the documents: enough held-out replies (100+) for a τ_offline interval that ranks rows
 BEFORE = replace(preset("quick"), precision="bfloat16", draft_vocab_from="input", ttt_steps=3, batch_size=1,
-                 lr=1e-3, layer_scaling=False, loss_on_prompt=False)
+                 lr=1e-3, layer_scaling=False, loss_on_prompt=False, ttt_warmup=0.0)
 CHANGES = [  # (row name, what it adds to the row before)
     ("quick before the ablation", {}),
     ("+ draft vocabulary of target argmaxes", {"draft_vocab_from": "argmax"}),
@@ -92,6 +92,22 @@ def print_row(name: str, row: dict) -> None:
           + f", {row['token_passes_per_s']:.0f} token-passes/s", flush=True)
 
 
+def open_rows(args) -> tuple:
+    """What every row of a recipe benchmark shares: the model's store key and EAGLE-3 default layers,
+    the output file, where heads go, and the result so far (rows already measured are kept) with the
+    store's sizes and the feature-free baseline on the rows' held-out split."""
+    key = load_model.load(args.model, "cpu", "auto").provenance["key"]
+    layers = eagle3_default(load_model.num_hidden_layers(args.model))
+    out = Path(args.out)
+    work = Path(args.work or out.with_suffix(".heads"))
+    result = json.loads(out.read_text()) if out.exists() else {"rows": {}}
+    data = StoreBatches(args.store, key, layers, seq_len=BEFORE.seq_len, batch_size=1, seed=0, holdout=HOLDOUT)
+    result.update(model=args.model, layers=layers, store_tokens=int(len(data.doc)),
+                  token_passes_per_epoch=sum(b - a for _, windows in data.plan(0) for a, b in windows),
+                  bigram_accuracy=bigram_accuracy(data))
+    return key, layers, out, work, result
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--store", required=True)
@@ -101,16 +117,10 @@ def main() -> None:
     parser.add_argument("--work", default=None, help="where the heads go (default: beside --out)")
     parser.add_argument("--out", default="benchmarks/out/recipe.json")
     args = parser.parse_args()
-    key = load_model.load(args.model, "cpu", "auto").provenance["key"]
-    layers = eagle3_default(load_model.num_hidden_layers(args.model))
-    out = Path(args.out)
-    work = Path(args.work or out.with_suffix(".heads"))
-    result = json.loads(out.read_text()) if out.exists() else {"rows": {}}
-    data = StoreBatches(args.store, key, layers, seq_len=BEFORE.seq_len, batch_size=1, seed=0, holdout=HOLDOUT)
-    per_epoch = sum(b - a for _, windows in data.plan(0) for a, b in windows)
+    key, layers, out, work, result = open_rows(args)
+    per_epoch = result["token_passes_per_epoch"]
     epochs = max(1, round(args.passes / per_epoch))
-    result.update(model=args.model, layers=layers, store_tokens=int(len(data.doc)), token_passes_per_epoch=per_epoch,
-                  epochs=epochs, bigram_accuracy=bigram_accuracy(data))
+    result["epochs"] = epochs
     print(f"{args.model} {layers}: {per_epoch} token-passes per epoch, {epochs} epochs per row; feature-free "
           f"baseline {result['bigram_accuracy']:.3f}", flush=True)
     kept, best = replace(BEFORE, epochs=epochs, eval_every=10**9, chain_depth=4, holdout=HOLDOUT), -1.0

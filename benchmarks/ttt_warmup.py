@@ -16,13 +16,9 @@ from __future__ import annotations
 import argparse
 import json
 from dataclasses import replace
-from pathlib import Path
 
-from recipe import HOLDOUT, bigram_accuracy, print_row, train_row
-from tasks.data import load_model
-from tasks.heads.train_data import StoreBatches
+from recipe import HOLDOUT, open_rows, print_row, train_row
 from tasks.heads.train_head import preset
-from tasks.select.layer_ids import eagle3_default
 
 
 def main() -> None:
@@ -34,17 +30,9 @@ def main() -> None:
     parser.add_argument("--work", default=None, help="where the heads go (default: beside --out)")
     parser.add_argument("--out", default="benchmarks/out/ttt_warmup.json")
     args = parser.parse_args()
-    key = load_model.load(args.model, "cpu", "auto").provenance["key"]
-    layers = eagle3_default(load_model.num_hidden_layers(args.model))
-    out = Path(args.out)
-    work = Path(args.work or out.with_suffix(".heads"))
-    result = json.loads(out.read_text()) if out.exists() else {"rows": {}}
+    key, layers, out, work, result = open_rows(args)
     quick = replace(preset("quick"), precision="bfloat16", eval_every=10**9, chain_depth=4, holdout=HOLDOUT,
                     ttt_warmup=0.0)
-    data = StoreBatches(args.store, key, layers, seq_len=quick.seq_len, batch_size=1, seed=0, holdout=HOLDOUT)
-    result.update(model=args.model, layers=layers, store_tokens=int(len(data.doc)),
-                  token_passes_per_epoch=sum(b - a for _, windows in data.plan(0) for a, b in windows),
-                  bigram_accuracy=bigram_accuracy(data))
     rows = [(f"quick, TTT {quick.ttt_steps} throughout, {args.epochs} epochs", replace(quick, epochs=args.epochs))]
     for share, epochs in (map(float, row.split(":")) for row in args.warmups):
         rows.append((f"quick, one-step TTT for the first {share:.0%} of steps, {epochs:.0f} epochs",
