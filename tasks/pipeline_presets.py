@@ -1,7 +1,7 @@
 """Pipeline presets: how much data, which filters, how many seeds and prompts per scale.
 
 `smoke` proves the wiring on the tiny model; `quick` is the CPU-laptop run of the real model,
-sized for a 2-core CPU (about 22 minutes, README); `study` is the published comparison (screening,
+sized for a 2-core CPU (about 19 minutes, README); `study` is the published comparison (screening,
 then finals measured along replayed target replies; hours, resumable); `scale` makes data at scale
 on a CPU (1M reply tokens of the target's own text, generated and extracted in bfloat16 into a
 training store of the default set's layers; hours, resumable) and trains the default head on it;
