@@ -7,8 +7,8 @@ STORE is a training store of the EAGLE-3 default layers of the target's own repl
 benchmarks/recipe.py). Row 0 is the `quick` recipe before the warmup (TTT 4 at every step) for
 `--epochs`; each later row (`SHARE:EPOCHS`) the same recipe whose first SHARE of steps unroll one
 step only, for EPOCHS, chosen so that every row takes about the same time (a one-step unroll costs
-about a third of a four-step one). Both from seed 0, bfloat16 autocast, held-out split and columns as recipe.py's,
-plus the training seconds. Each row is saved as it finishes and skipped on a re-run.
+about a third of a four-step one). Every row from seed 0, bfloat16 autocast, held-out split and
+columns as recipe.py's, plus the training seconds. Each row is saved as it finishes and skipped on a re-run.
 """
 
 from __future__ import annotations
@@ -34,9 +34,9 @@ def main() -> None:
     quick = replace(preset("quick"), precision="bfloat16", eval_every=10**9, chain_depth=4, holdout=HOLDOUT,
                     ttt_warmup=0.0)
     rows = [(f"quick, TTT {quick.ttt_steps} throughout, {args.epochs} epochs", replace(quick, epochs=args.epochs))]
-    for share, epochs in (map(float, row.split(":")) for row in args.warmups):
-        rows.append((f"quick, one-step TTT for the first {share:.0%} of steps, {epochs:.0f} epochs",
-                     replace(quick, epochs=int(epochs), ttt_warmup=share)))
+    for share, epochs in (row.split(":") for row in args.warmups):
+        rows.append((f"quick, one-step TTT for the first {float(share):.0%} of steps, {epochs} epochs",
+                     replace(quick, epochs=int(epochs), ttt_warmup=float(share))))
     for index, (name, config) in enumerate(rows):
         if name not in result["rows"]:
             row = train_row(args.store, key, layers, work / f"row-{index}", config)

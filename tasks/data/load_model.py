@@ -76,7 +76,7 @@ def load(model: str, device: str = "auto", dtype: str = "auto") -> LoadedModel:
     torch_device, torch_dtype = pick_device(device), pick_dtype(dtype)
     if spec.source == "gguf":
         path = gguf_checkpoint(spec)
-        config = dequantized(AutoConfig.from_pretrained(path))  # caches written before the fix still carry it
+        config = dequantized(AutoConfig.from_pretrained(path))  # a cache from an earlier layerwave carries it
         net = _from_pretrained(str(path), torch_dtype, config=config)
         tokenizer, provenance = _tokenizer(str(path)), _gguf_provenance(spec)
     elif spec.source == "random":

@@ -14,15 +14,14 @@ from store.artefacts import location
 from tasks.data import load_model
 from tasks.heads.export_head import export
 from tasks.heads.request import Training
-from tasks.heads.train_head import train
-from tasks.stage_key import current_record, stage_key, without_later_defaults, write_record
+from tasks.heads.train_head import recipe_identity, train
+from tasks.stage_key import current_record, stage_key, write_record
 
 
 def training_key(training: Training) -> str:
     """A head's inputs: the activations (by their plan hash), its layers, its recipe and its export."""
-    recipe = without_later_defaults(asdict(training.config), {"precision": "float32", "layer_scaling": False,
-                                                              "loss_on_prompt": False, "ttt_warmup": 0.0})
-    return stage_key(training.plan_hash, training.layers, recipe, training.request.fmt, training.verifier)
+    return stage_key(training.plan_hash, training.layers, recipe_identity(asdict(training.config)),
+                     training.request.fmt, training.verifier)
 
 
 @task(name="train-draft-head", cache_policy=NO_CACHE)

@@ -23,6 +23,7 @@ from tasks.heads.train_data import StoreBatches
 from tasks.heads.ttt import unroll
 from tasks.heads.warm_start import warm_start
 from tasks.progress import rate_eta
+from tasks.stage_key import without_later_defaults
 
 PROGRESS_SECONDS = 10.0  # a training run prints at least this often
 
@@ -52,9 +53,19 @@ class TrainConfig:
     layer_scaling: bool = False  # each layer divided by its RMS before fc (DraftHead.aux_scale)
     loss_on_prompt: bool = False  # also learn at prompt positions (the accuracy stays on replies)
     # Share of the steps that unroll one TTT step only, before the full unroll: a one-step window costs
-    # about a quarter of a four-step one, so step 0 (the draft every round starts with) sees more
+    # about a third of a four-step one, so step 0 (the draft every round starts with) sees more
     # tokens in the same time; evaluations always unroll all `ttt_steps`.
     ttt_warmup: float = 0.0
+
+
+# Fields added to TrainConfig after heads were first published, at the value every earlier head had
+# implicitly: left out of training keys and checkpoint checks there, so older heads keep theirs.
+ADDED_LATER = {"precision": "float32", "layer_scaling": False, "loss_on_prompt": False, "ttt_warmup": 0.0}
+
+
+def recipe_identity(config: dict) -> dict:
+    """A recipe (TrainConfig as a dict, possibly an older one) as keys and checkpoints compare it."""
+    return without_later_defaults(config, ADDED_LATER)
 
 
 PRESETS = {
@@ -182,8 +193,8 @@ def train(store: str, model_key: str, layers: list[int], out: Path, config: Trai
     step, history, untrained = 0, [], None
     if checkpoint.exists():
         state = torch.load(io.BytesIO(checkpoint.read_bytes()), weights_only=False, map_location=device)
-        saved = {"ttt_warmup": 0.0, **state["config"]}  # a checkpoint from before the option had none
-        if (state["layers"], saved, state["source"]) != (layers, asdict(config), source):
+        if ((state["layers"], recipe_identity(state["config"]), state["source"])
+                != (layers, recipe_identity(asdict(config)), source)):
             raise LayerwaveError(f"{checkpoint} belongs to another run (layers, preset or data differ); "
                                  "use another --out or delete it")
         head.resume_from(state["head"])
