@@ -95,15 +95,17 @@ def print_row(name: str, row: dict) -> None:
 def open_rows(args) -> tuple:
     """What every row of a recipe benchmark shares: the model's store key and EAGLE-3 default layers,
     the output file, where heads go, and the result so far (rows already measured are kept) with the
-    store's sizes and the feature-free baseline on the rows' held-out split."""
+    store's sizes (windows of a batch-1 epoch, its token-passes) and the feature-free baseline on
+    the rows' held-out split."""
     key = load_model.load(args.model, "cpu", "auto").provenance["key"]
     layers = eagle3_default(load_model.num_hidden_layers(args.model))
     out = Path(args.out)
     work = Path(args.work or out.with_suffix(".heads"))
     result = json.loads(out.read_text()) if out.exists() else {"rows": {}}
     data = StoreBatches(args.store, key, layers, seq_len=BEFORE.seq_len, batch_size=1, seed=0, holdout=HOLDOUT)
-    result.update(model=args.model, layers=layers, store_tokens=int(len(data.doc)),
-                  token_passes_per_epoch=sum(b - a for _, windows in data.plan(0) for a, b in windows),
+    plan = data.plan(0)
+    result.update(model=args.model, layers=layers, store_tokens=int(len(data.doc)), windows_per_epoch=len(plan),
+                  token_passes_per_epoch=sum(b - a for _, windows in plan for a, b in windows),
                   bigram_accuracy=bigram_accuracy(data))
     return key, layers, out, work, result
 

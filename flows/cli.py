@@ -127,8 +127,8 @@ def _evaluate_parser(sub) -> None:
     p = sub.add_parser("evaluate", help="speculative decoding with a trained head: τ, speed-up, lossless check")
     add_options(p, EvaluateRequest)
     p.add_argument("--offline", action="store_true",
-                   help="τ_offline: simulate chain rounds along the store's held-out replies (the target's own, "
-                        "from a regen: corpus) instead of decoding; needs --store")
+                   help="τ_offline: simulate --draft chain, lookup or hybrid rounds along the store's held-out "
+                        "replies (the target's own, from a regen: corpus) instead of decoding; needs --store")
     add_options(p, OfflineEvaluateRequest)  # the options it does not share with decoding
     p.add_argument("--json", help="write tau, speedup, lossless, per_position, tokens_per_s, ... to this file")
 
@@ -195,7 +195,7 @@ def _run_evaluate_offline(args) -> dict:
     check_ahead(request)
     _configure_logging()
     result = evaluate_offline(**parameters(request))
-    print(f"τ_offline {result['tau']:.3f} (95% CI {result['tau_ci95'][0]:.3f}–{result['tau_ci95'][1]:.3f}) over "
+    print(f"τ_offline ({result['draft']}) {result['tau']:.3f} (95% CI {result['tau_ci95'][0]:.3f}–{result['tau_ci95'][1]:.3f}) over "
           f"{result['rounds']} rounds in {result['replies']} held-out replies, depth {result['depth']}; acceptance "
           "per position " + " ".join(f"{p:.2f}" for p in result["per_position"]))
     return result

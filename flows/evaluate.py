@@ -48,19 +48,20 @@ def evaluate(model: str = DEFAULT_MODEL, head: str = "", bench: str = "mt-bench"
 @flow(name="layerwave-evaluate-offline")
 def evaluate_offline(model: str = DEFAULT_MODEL, head: str = "", store: str = DEFAULT_STORE, depth: int = 4,
                      max_new_tokens: int | None = None, first_turn_only: bool = False,
-                     limit: int | None = None) -> dict:
-    """τ_offline: chain decoding `depth` drafts per round simulated along the held-out replies of
-    `store` (the head's own held-out split, its first `limit` documents that have a reply),
-    without running the target (tasks/heads/offline_tau.py)."""
+                     limit: int | None = None, draft: str = "chain") -> dict:
+    """τ_offline: `draft` decoding (the head's chain of `depth` drafts per round, the context's
+    copy, or both as hybrid drafting's tree) simulated along the held-out replies of `store` (the
+    head's own held-out split, its first `limit` documents that have a reply), without running
+    the target (tasks/heads/offline_tau.py)."""
     logger = get_run_logger()
-    e = checked(OfflineEvaluateRequest(model, head, store, depth, max_new_tokens, first_turn_only, limit))
+    e = checked(OfflineEvaluateRequest(model, head, store, depth, max_new_tokens, first_turn_only, limit, draft))
     result = offline_tau(e.head, heldout_data(e.head, head, store, e.model_key), depth, e.target.tokenizer.eos_token_id,
-                         max_new_tokens, first_turn_only, limit)
+                         max_new_tokens, first_turn_only, limit, draft)
     corpus = e.corpus
     if not corpus.startswith("regen:"):
         logger.warning("store %s was extracted from %s, not from the target's own replies (regen:DIR): "
                        "τ_offline assumes the stored replies are what the target would generate", store, corpus)
-    logger.info("τ_offline %.3f (95%% CI %.3f–%.3f) over %d rounds in %d held-out replies; acceptance per "
-                "position %s", result["tau"], *result["tau_ci95"], result["rounds"], result["replies"],
+    logger.info("τ_offline (%s) %.3f (95%% CI %.3f–%.3f) over %d rounds in %d held-out replies; acceptance per "
+                "position %s", draft, result["tau"], *result["tau_ci95"], result["rounds"], result["replies"],
                 " ".join(f"{p:.2f}" for p in result["per_position"]))
-    return {"model": model, "head": head, "store": store, "corpus": corpus, **result}
+    return {"model": model, "head": head, "store": store, "corpus": corpus, "draft": draft, **result}

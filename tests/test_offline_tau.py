@@ -10,35 +10,53 @@ import pytest
 import torch
 
 from flows.cli import main
-from tasks.decode.spec_decode import HeadDrafter, speculative_generate
+from tasks.decode.context_lookup import LOOKUP_TOKENS
+from tasks.decode.spec_decode import HeadDrafter, HybridDrafter, LookupDrafter, speculative_generate
 from tasks.heads.export_head import load_exported
-from tasks.heads.offline_tau import Reply, draft_matches, replies_in, simulate_rounds, whole_first_reply
+from tasks.heads.offline_tau import (DRAFTS, Reply, lookup_matches, replies_in, simulate_documents, simulate_rounds,
+                                     whole_first_reply)
 from tasks.heads.train_data import StoreBatches
 from tests.conftest import GENERATION, LAYERS, TINY
 
 DEPTH = 4
 
 
-def test_simulated_rounds_equal_real_decoding_round_by_round(regen, tiny):
-    """Every held-out first reply: the simulation's tokens per round are real decoding's, exactly
-    (a simulation that advanced by the accepted count alone, or misaligned drafts, fails here)."""
+@pytest.mark.parametrize("drafts", DRAFTS)
+def test_simulated_rounds_equal_real_decoding_round_by_round(regen, tiny, drafts):
+    """Every held-out first reply: the simulation's tokens per round are real decoding's, exactly,
+    for the head's chain, the context's copy and the two as hybrid drafting's tree (a simulation
+    that advanced by the accepted count alone, or misaligned drafts, fails here)."""
     store, _, head_dir = regen
     head = load_exported(Path(head_dir))
     data = StoreBatches(store, TINY, LAYERS, seq_len=1, batch_size=1, seed=0, holdout=0.05)
     eos, budget = tiny.tokenizer.eos_token_id, GENERATION["max_new_tokens"]
+    documents = [d for _, shard_documents in data.heldout_shards() for d in shard_documents]
+    simulated = simulate_documents(head, documents, DEPTH, eos, budget, first_turn_only=True, drafts=drafts)
     compared, multi_token_rounds = 0, 0
-    for aux, token_id, positions, loss_mask in (d for _, documents in data.heldout_shards() for d in documents):
-        for reply in whole_first_reply(token_id, loss_mask, eos, budget):
-            matches = draft_matches(head, torch.from_numpy(aux), torch.from_numpy(token_id).long(),
-                                    torch.from_numpy(positions).long(), DEPTH)
-            simulated = simulate_rounds(matches, reply)
-            real = speculative_generate(tiny.model, LAYERS, HeadDrafter(head), token_id[: reply.start].tolist(),
-                                        budget, DEPTH, eos)
-            assert real.tokens == token_id[reply.start: reply.stop].tolist()
-            assert [a + 1 for a in real.accepted] == simulated
-            compared += 1
-            multi_token_rounds += sum(g > 1 for g in simulated)
+    for (_, token_id, _, loss_mask), rounds in zip((d for d in documents if whole_first_reply(d[1], d[3], eos, budget)),
+                                                  simulated, strict=True):
+        (reply,) = whole_first_reply(token_id, loss_mask, eos, budget)
+        prompt = token_id[: reply.start].tolist()
+        drafter = {"chain": lambda: HeadDrafter(head), "lookup": lambda: LookupDrafter(prompt[0], tiny.model.config.vocab_size),
+                   "hybrid": lambda: HybridDrafter(head, prompt[0])}[drafts]()
+        real = speculative_generate(tiny.model, [] if drafts == "lookup" else LAYERS, drafter, prompt, budget,
+                                    LOOKUP_TOKENS if drafts == "lookup" else DEPTH, eos)
+        assert real.tokens == token_id[reply.start: reply.stop].tolist()
+        assert [a + 1 for a in real.accepted] == rounds
+        compared += 1
+        multi_token_rounds += sum(g > 1 for g in rounds)
     assert compared >= 3 and multi_token_rounds > 0
+
+
+def test_lookup_copies_the_continuation_of_the_latest_match():
+    """Hand-checked: after "5 6 7 … 5 6" the copy is "7 8", the continuation last time."""
+    token_id = np.array([1, 5, 6, 7, 8, 2, 5, 6, 7, 9])
+    matches = lookup_matches(token_id, depth=2)
+    # the round whose last token is 6 (position 7, pair 6) copies 7 8: 7 is right, 8 is not (9)
+    assert matches[:, 6].tolist() == [True, False]
+    assert not matches[:, :5].any()  # "1 5 6 7 8" repeats nothing before position 6
+    assert simulate_rounds([matches], Reply(6, 10)) == [1, 2]
+    assert simulate_rounds([matches, np.ones_like(matches)], Reply(6, 10)) == [3]  # the longer branch counts
 
 
 def test_offline_and_heldout_evaluations_agree_through_the_cli(regen, tmp_path):
@@ -53,6 +71,11 @@ def test_offline_and_heldout_evaluations_agree_through_the_cli(regen, tmp_path):
     assert offline["tau"] == pytest.approx(real["tau"], abs=1e-12)
     assert offline["per_position"] == pytest.approx(real["per_position"], abs=1e-12)
     assert offline["tau_ci95"][0] <= offline["tau"] <= offline["tau_ci95"][1]
+    copied = tmp_path / "lookup.json"
+    assert main(["evaluate", "--offline", "--first-turn-only", "--limit", "3", "--draft", "lookup", *common,
+                 "--json", str(copied)]) == 0
+    copied = json.loads(copied.read_text())
+    assert copied["draft"] == "lookup" and copied["depth"] == LOOKUP_TOKENS and copied["replies"] == 3
 
 
 def test_training_records_tau_offline_at_each_evaluation(regen):
@@ -89,4 +112,7 @@ def test_offline_bad_input_is_one_line(regen, trained, tmp_path, capsys):
     refused(["--offline", "--head", head], "--offline simulates decoding along a store's held-out replies; pass --store")
     refused(["--offline", "--head", str(other), "--store", store], "was trained on smollm2-135m's activations")
     refused(["--offline", "--head", head, "--store", store, "--depth", "0"], "--depth must be at least 1")
+    refused(["--offline", "--head", head, "--store", store, "--draft", "tree"],
+            "--offline simulates --draft chain, lookup or hybrid (got 'tree')")
+    refused(["--offline", "--store", store], "--offline replays the head's own held-out replies: pass --head DIR")
     refused(["--bench", "heldout", "--head", head], "--bench heldout replays a store's held-out documents")

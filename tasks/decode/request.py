@@ -97,16 +97,24 @@ class OfflineEvaluateRequest:
     max_new_tokens: int | None = option(None)
     first_turn_only: bool = option(False, "--offline: only each document's first reply")
     limit: int | None = option(None)
+    draft: str = option("chain")  # chain, lookup or hybrid (the option is decoding's --draft)
 
     def check(self) -> OfflineEvaluation:
         from store.read import open_activations
         from tasks.data.registry import store_key
         from tasks.decode.evaluate import load_pair
+        from tasks.heads.offline_tau import DRAFTS as SIMULATED
 
         for name in ("depth", "max_new_tokens", "limit"):
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise LayerwaveError(f"--{name.replace('_', '-')} must be at least 1 (got {value})")
+        if self.draft not in SIMULATED:
+            raise LayerwaveError(f"--offline simulates --draft {', '.join(SIMULATED[:-1])} or {SIMULATED[-1]} "
+                                 f"(got {self.draft!r}); measure {self.draft} by decoding, without --offline")
+        if not self.head:
+            raise LayerwaveError("--offline replays the head's own held-out replies: pass --head DIR "
+                                 "(--draft lookup uses its split only)")
         model_key = store_key(self.model)
         corpus = open_activations(self.store, model_key).attrs.get("corpus", {}).get("spec", "")
         target, head = load_pair(self.model, self.head, "cpu")

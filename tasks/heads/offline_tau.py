@@ -11,6 +11,10 @@ draft of its round equalled the reply, and then the head has been fed exactly th
 tokens, so teacher forcing along the reply (the TTT unroll, with the chain's positions and
 attention) computes each draft that matters. Draft i at pair position p (target state at p,
 token p+1) predicts token p+i+2.
+
+Drafts copied from the context (`--draft lookup`) are replayed the same way: they depend only on
+the tokens so far, which along the reply are the reply's own. Hybrid drafting verifies the head's
+chain and the copy as one tree, so its round accepts the longer of the two.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ import numpy as np
 import torch
 
 from store.errors import LayerwaveError
+from tasks.decode.context_lookup import LOOKUP_TOKENS, ContextLookup
 from tasks.heads.draft_head import DraftHead
 from tasks.heads.train_data import StoreBatches
 from tasks.heads.ttt import shift_left
@@ -81,21 +86,41 @@ def draft_matches(head: DraftHead, aux: torch.Tensor, token_id: torch.Tensor, po
     return torch.stack(matches).cpu().numpy()
 
 
-def simulate_rounds(matches: np.ndarray, reply: Reply) -> list[int]:
+def lookup_matches(token_id: np.ndarray, depth: int = LOOKUP_TOKENS) -> np.ndarray:
+    """bool (depth, T), laid out as `draft_matches`: copy i of the round whose newest pair is p
+    (its last token p+1) equals token p+i+2 of the document."""
+    ids = token_id.tolist()
+    matches = np.zeros((depth, len(ids)), dtype=bool)
+    context = ContextLookup(ids[:1], max_tokens=depth)
+    for last in range(1, len(ids) - 1):
+        context.extend(ids[last:last + 1])
+        for i, token in enumerate(context.propose()[:len(ids) - 1 - last]):
+            matches[i, last - 1] = token == ids[last + 1 + i]
+    return matches
+
+
+def simulate_rounds(matches: np.ndarray | list[np.ndarray], reply: Reply) -> list[int]:
     """Tokens each round adds (accepted drafts + the bonus, cut at the reply's end), from the
-    round after prefill to the end of the reply."""
-    depth = matches.shape[0]
+    round after prefill to the end of the reply. A list of match arrays is one tree of chains
+    verified together: each round keeps the longest accepted chain."""
+    branches = matches if isinstance(matches, list) else [matches]
     gains = []
     last = reply.start  # position of the last token generated so far
     while last < reply.stop - 1:
         pair = last - 1  # the head's newest pair: target state at last−1, token `last`
-        accepted = 0
-        while accepted < depth and last + 1 + accepted < reply.stop and matches[accepted, pair]:
-            accepted += 1
+        accepted = max(accepted_drafts(branch, pair, reply.stop - 1 - last) for branch in branches)
         gain = min(accepted + 1, reply.stop - 1 - last)
         gains.append(gain)
         last += gain
     return gains
+
+
+def accepted_drafts(matches: np.ndarray, pair: int, left: int) -> int:
+    """Drafts of the round at `pair` accepted before the first miss, at most `left` (the reply's end)."""
+    accepted = 0
+    while accepted < min(matches.shape[0], left) and matches[accepted, pair]:
+        accepted += 1
+    return accepted
 
 
 def summarize_rounds(gains_per_reply: list[list[int]], depth: int, seed: int = 0, resamples: int = 1000) -> dict:
@@ -116,11 +141,17 @@ def summarize_rounds(gains_per_reply: list[list[int]], depth: int, seed: int = 0
             "replies": len(gains_per_reply), "tokens": int(tokens.sum()), "depth": depth}
 
 
-def simulate_documents(head: DraftHead, documents, depth: int, eos: int | None, max_new_tokens: int | None = None,
-                       first_turn_only: bool = False, limit: int | None = None) -> list[list[int]]:
+DRAFTS = ("chain", "lookup", "hybrid")
+
+
+def simulate_documents(head: DraftHead | None, documents, depth: int, eos: int | None, max_new_tokens: int | None = None,
+                       first_turn_only: bool = False, limit: int | None = None,
+                       drafts: str = "chain") -> list[list[int]]:
     """Tokens per round of every reply of `documents` ((aux, token_id, position, loss_mask) each),
-    the first `limit` documents that have a reply to simulate (all by default)."""
-    device = head.d2t.device
+    the first `limit` documents that have a reply to simulate (all by default), drafted by the
+    head's chain of `depth`, the context's copy (no head), or both as hybrid drafting's tree."""
+    if drafts not in DRAFTS:
+        raise LayerwaveError(f"unknown drafts {drafts!r}; use one of {', '.join(DRAFTS)}")
     gains, simulated = [], 0
     for aux, token_id, positions, loss_mask in documents:
         replies = (whole_first_reply(token_id, loss_mask, eos, max_new_tokens) if first_turn_only
@@ -130,18 +161,24 @@ def simulate_documents(head: DraftHead, documents, depth: int, eos: int | None, 
         if limit is not None and simulated >= limit:
             break
         simulated += 1
-        matches = draft_matches(head, torch.from_numpy(aux).to(device), torch.from_numpy(token_id).long().to(device),
-                                torch.from_numpy(positions).long().to(device), depth)
-        gains += [simulate_rounds(matches, reply) for reply in replies]
+        branches = [] if drafts == "chain" else [lookup_matches(token_id)]
+        if drafts != "lookup":
+            device = head.d2t.device
+            branches.append(draft_matches(head, torch.from_numpy(aux).to(device),
+                                          torch.from_numpy(token_id).long().to(device),
+                                          torch.from_numpy(positions).long().to(device), depth))
+        gains += [simulate_rounds(branches, reply) for reply in replies]
     return gains
 
 
 def offline_tau(head: DraftHead, data: StoreBatches, depth: int, eos: int | None,
-                max_new_tokens: int | None = None, first_turn_only: bool = False, limit: int | None = None) -> dict:
+                max_new_tokens: int | None = None, first_turn_only: bool = False, limit: int | None = None,
+                drafts: str = "chain") -> dict:
     """τ_offline over the held-out documents of `data` (the head's own held-out split), the first
-    `limit` of them that have a reply to simulate (all by default)."""
+    `limit` of them that have a reply to simulate (all by default), for `drafts` as in
+    `simulate_documents`."""
     if data.layers != head.config.layers:
         raise LayerwaveError(f"the head reads layers {head.config.layers}; the data was opened for {data.layers}")
     documents = (document for _, shard_documents in data.heldout_shards() for document in shard_documents)
-    return summarize_rounds(simulate_documents(head, documents, depth, eos, max_new_tokens, first_turn_only, limit),
-                            depth)
+    gains = simulate_documents(head, documents, depth, eos, max_new_tokens, first_turn_only, limit, drafts)
+    return summarize_rounds(gains, depth if drafts == "chain" else max(depth, LOOKUP_TOKENS))
