@@ -18,13 +18,14 @@ def train_head(model: str = DEFAULT_MODEL, store: str = DEFAULT_STORE, layers: l
                warm_start: bool | None = None, freeze_lm_head: bool | None = None,
                lm_head_lr_scale: float | None = None, verifier: str | None = None,
                keep_checkpoint: bool = False, precision: str = "auto", layer_scaling: bool | None = None,
-               loss_on_prompt: bool | None = None, ttt_warmup: float | None = None) -> TrainedHead:
+               loss_on_prompt: bool | None = None, ttt_warmup: float | None = None,
+               attend_self: float | None = None) -> TrainedHead:
     """Train an EAGLE-3 head reading `layers` (HF indices) from the store on `device` (auto: CUDA
     when present); export it to `out`. The parameters are `TrainRequest`'s fields. The device is not
     part of the stage key: a head trained on either is the same head up to floating-point rounding."""
     training = checked(TrainRequest(model, store, layers, out, preset_name, seed, ttt_steps, fmt, epochs, device,
                                     warm_start, freeze_lm_head, lm_head_lr_scale, verifier, keep_checkpoint,
-                                    precision, layer_scaling, loss_on_prompt, ttt_warmup))
+                                    precision, layer_scaling, loss_on_prompt, ttt_warmup, attend_self))
     warning = runtime_warning(training.layers)
     if warning:
         get_run_logger().warning(warning)

@@ -89,6 +89,17 @@ class Attention(nn.Module):
         self.v_proj = nn.Linear(2 * c.hidden_size, c.num_key_value_heads * c.head_dim, bias=False)
         self.o_proj = nn.Linear(c.num_attention_heads * c.head_dim, c.hidden_size, bias=False)
 
+    @torch.no_grad()
+    def attend_self(self, std: float) -> None:
+        """Start each query equal to its group's key, drawn with `std`: a position's score for
+        itself is then |k|² (rotation changes nothing at distance 0), so attention starts near the
+        diagonal and the token just fed reaches the residual whole, where default weights average
+        it over the whole window."""
+        nn.init.normal_(self.k_proj.weight, std=std)
+        keys = self.k_proj.weight.view(self.c.num_key_value_heads, self.c.head_dim, -1)
+        groups = self.c.num_attention_heads // self.c.num_key_value_heads
+        self.q_proj.weight.copy_(keys.repeat_interleave(groups, dim=0).reshape_as(self.q_proj.weight))
+
     def _project(self, x, positions):
         """Queries, keys and values (B, heads, T, head_dim), rotated, keys/values repeated per group."""
         b, t, _ = x.shape

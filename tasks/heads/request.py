@@ -56,6 +56,9 @@ class TrainRequest:
     ttt_warmup: float | None = option(None, "share of the steps that unroll one TTT step only, before the full "
                                             "unroll (cheaper steps that train the first draft; default: the "
                                             "preset's)")
+    attend_self: float | None = option(None, "start each query equal to its key, drawn with this std, so that "
+                                             "attention starts on the diagonal; 0: the default init "
+                                             "(default: the preset's)")
 
     def check(self) -> Training:
         """Every mistake, before any training starts; opens the activations once and resolves
@@ -79,7 +82,8 @@ class TrainRequest:
         check_stored(layers, ds.layer.values.tolist(), self.store, model_key)
         recipe = {"warm_start": self.warm_start, "freeze_lm_head": self.freeze_lm_head,
                   "lm_head_lr_scale": self.lm_head_lr_scale, "layer_scaling": self.layer_scaling,
-                  "loss_on_prompt": self.loss_on_prompt, "ttt_warmup": self.ttt_warmup}  # None keeps the preset's
+                  "loss_on_prompt": self.loss_on_prompt, "ttt_warmup": self.ttt_warmup,
+                  "attend_self": self.attend_self}  # None keeps the preset's
         device = load_model.pick_device(self.device)
         config = preset(self.preset_name, seed=self.seed, ttt_steps=self.ttt_steps, epochs=self.epochs,
                         precision=resolve_precision(self.precision, device), **recipe)

@@ -56,11 +56,15 @@ class TrainConfig:
     # about a third of a four-step one, so step 0 (the draft every round starts with) sees more
     # tokens in the same time; evaluations always unroll all `ttt_steps`.
     ttt_warmup: float = 0.0
+    # Queries start equal to keys with this std (0: PyTorch's default init): attention starts on
+    # the diagonal (DraftHead's Attention.attend_self).
+    attend_self: float = 0.0
 
 
 # Fields added to TrainConfig after heads were first published, at the value every earlier head had
 # implicitly: left out of training keys and checkpoint checks there, so older heads keep theirs.
-ADDED_LATER = {"precision": "float32", "layer_scaling": False, "loss_on_prompt": False, "ttt_warmup": 0.0}
+ADDED_LATER = {"precision": "float32", "layer_scaling": False, "loss_on_prompt": False, "ttt_warmup": 0.0,
+               "attend_self": 0.0}
 
 
 def recipe_identity(config: dict) -> dict:
@@ -111,6 +115,8 @@ def build_head(data: StoreBatches, config: TrainConfig, target=None) -> DraftHea
         head.embed_tokens.weight.copy_(target.model.get_input_embeddings().weight.float())
         if config.layer_scaling:
             head.aux_scale.copy_(torch.from_numpy(1 / data.layer_rms()).float().repeat_interleave(head.config.hidden_size))
+    if config.attend_self:
+        head.midlayer.self_attn.attend_self(config.attend_self)
     if config.warm_start:
         warm_start(head, target.model)
     if config.freeze_lm_head:
@@ -280,6 +286,8 @@ def preset(name: str, **overrides) -> TrainConfig:
         raise LayerwaveError(f"--lm-head-lr-scale must be >= 0 (got {overrides['lm_head_lr_scale']})")
     if overrides.get("ttt_warmup") is not None and not 0 <= overrides["ttt_warmup"] < 1:
         raise LayerwaveError(f"--ttt-warmup is a share of the steps, in [0, 1) (got {overrides['ttt_warmup']})")
+    if overrides.get("attend_self") is not None and overrides["attend_self"] < 0:
+        raise LayerwaveError(f"--attend-self is the std of the shared query/key init, >= 0 (got {overrides['attend_self']})")
     if overrides.get("draft_vocab_from") not in (None, "argmax", "input"):
         raise LayerwaveError(f"draft_vocab_from must be argmax or input (got {overrides['draft_vocab_from']!r})")
     config = replace(PRESETS[name], **{k: v for k, v in overrides.items() if v is not None})
