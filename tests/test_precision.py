@@ -14,7 +14,7 @@ from store.errors import LayerwaveError
 from tasks import precision
 from tasks.heads.request import TrainRequest
 from tasks.heads.train import training_key
-from tasks.heads.train_head import preset, train
+from tasks.heads.train_head import ADDED_LATER, preset, train
 from tasks.stage_key import stage_key
 from tests.conftest import LAYERS, TINY
 from tests.processes import error_line
@@ -50,8 +50,7 @@ def test_the_precision_enters_the_stage_key_only_when_it_is_not_float32(training
         return TrainRequest(model=TINY, store=training_store, layers=LAYERS, preset_name="smoke", device="cpu",
                             precision=kind).check()
     fp32 = checked("float32")
-    later = ("precision", "layer_scaling", "loss_on_prompt", "ttt_warmup")  # at their first values: the key as it was
-    recipe = {k: v for k, v in asdict(fp32.config).items() if k not in later}
+    recipe = {k: v for k, v in asdict(fp32.config).items() if k not in ADDED_LATER}  # at their first values: the key as it was
     assert training_key(fp32) == stage_key(fp32.plan_hash, fp32.layers, recipe, "vllm", fp32.verifier)
     if NATIVE:
         assert training_key(checked("bfloat16")) != training_key(fp32)
