@@ -43,7 +43,7 @@ from tasks.select.layer_ids import eagle3_default  # noqa: E402
 TOLERANCE = 0.005  # a change is kept unless step-0 accuracy falls by more than this (seed noise)
 HOLDOUT = 0.15  # of the documents: enough held-out replies (100+) for a τ_offline interval that ranks rows
 BEFORE = replace(preset("quick"), precision="bfloat16", draft_vocab_from="input", ttt_steps=3, batch_size=1,
-                 lr=1e-3, layer_scaling=False, loss_on_prompt=False, ttt_warmup=0.0)
+                 lr=1e-3, layer_scaling=False, loss_on_prompt=False, ttt_warmup=0.0, attend_self=0.0)
 CHANGES = [  # (row name, what it adds to the row before)
     ("quick before the ablation", {}),
     ("+ draft vocabulary of target argmaxes", {"draft_vocab_from": "argmax"}),

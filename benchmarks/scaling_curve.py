@@ -15,7 +15,9 @@ At each point, on the store's held-out replies: accuracy over every reply positi
 step, τ_offline of the head's chain (depth 4) and of hybrid drafting (the chain and the context's
 copy verified as one tree), each with its 95% interval, and the shuffled-layer diagnostic. Beside
 the curve, on the same replies: the feature-free baseline, and the context's copy alone
-(`--draft lookup`, no head).
+(`--draft lookup`, no head). And on the study's fixed evaluation set, the target's own greedy replies
+to the MT-Bench prompts (`layerwave run --preset study`'s replay store, built beside STORE on the
+first run): the chain's and hybrid's replayed τ at each point, and the copy's alone beside them.
 """
 
 from __future__ import annotations
@@ -28,13 +30,17 @@ from dataclasses import asdict, replace
 from pathlib import Path
 
 from recipe import HOLDOUT, open_rows
+from flows.study import replay_replies
 from tasks.decode.context_lookup import LOOKUP_TOKENS
+from tasks.decode.replay import replay_data, replay_tau
 from tasks.heads.layer_use import LayerUse
 from tasks.heads.offline_tau import offline_tau, simulate_documents, summarize_rounds
 from tasks.heads.train_data import StoreBatches
 from tasks.heads.train_head import held_out_metrics, preset, stored_target, train
+from tasks.pipeline_presets import pipeline_preset
 
 DEPTH = 4
+BENCH, EVALUATION = "mt-bench", pipeline_preset("study")  # the study's replayed prompts and reply length
 
 
 def point_steps(total: int, points: int) -> list[int]:
@@ -42,13 +48,22 @@ def point_steps(total: int, points: int) -> list[int]:
     return [max(1, round(total / 2 ** (points - 1 - k))) for k in range(points)]
 
 
-def measure(head, data: StoreBatches, config, eos: int | None, record: dict) -> dict:
-    """A point's columns: the run's own final evaluation at its end, else a fresh one."""
+def measure(head, data: StoreBatches, config, eos: int | None, record: dict, store: str, key: str) -> dict:
+    """A point's columns: the run's own final evaluation at its end, else a fresh one; then τ
+    replayed along the target's replies to the benchmark."""
     metrics = record["final"] if record["finished"] else held_out_metrics(head, data, config, eos,
                                                                              LayerUse(head, config.seed))
+    replayed = {f"replay_{drafts}": replay_tau(head, store, key, BENCH, DEPTH, eos, EVALUATION.max_new_tokens, drafts)
+                for drafts in ("chain", "hybrid")}
     return {"accuracy": metrics["accuracy"], "coverage": metrics["coverage"][0],
             "layer_use": metrics["layer_use"], "tau_offline": metrics["tau_offline"],
-            "tau_offline_hybrid": offline_tau(head, data, DEPTH, eos, drafts="hybrid")}
+            "tau_offline_hybrid": offline_tau(head, data, DEPTH, eos, drafts="hybrid"), **replayed}
+
+
+def copy_tau(data: StoreBatches, eos: int | None, **replies) -> dict:
+    """τ of the context's copy alone (no head) along the held-out documents of `data`."""
+    documents = (d for _, shard_documents in data.heldout_shards() for d in shard_documents)
+    return summarize_rounds(simulate_documents(None, documents, DEPTH, eos, drafts="lookup", **replies), LOOKUP_TOKENS)
 
 
 def plot(result: dict, path: Path) -> None:
@@ -59,17 +74,20 @@ def plot(result: dict, path: Path) -> None:
 
     points = result["points"]
     passes = [p["token_passes"] for p in points]
-    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
+    fig, (left, *taus) = plt.subplots(1, 3, figsize=(15, 4))
     left.plot(passes, [p["accuracy"][0] for p in points], "o-", label="head, first draft")
     left.axhline(result["bigram_accuracy"], color="grey", ls="--", label="feature-free baseline")
     left.set(xscale="log", xlabel="training token-passes", ylabel="held-out accuracy, all reply positions")
-    for key, label in (("tau_offline", f"head chain, depth {DEPTH}"), ("tau_offline_hybrid", "hybrid")):
-        right.errorbar(passes, [p[key]["tau"] for p in points], fmt="o-", label=label, capsize=3,
-                       yerr=[[p[key]["tau"] - p[key]["tau_ci95"][0] for p in points],
-                             [p[key]["tau_ci95"][1] - p[key]["tau"] for p in points]])
-    right.axhline(result["lookup"]["tau"], color="grey", ls="--", label="context's copy alone (lookup)")
-    right.set(xscale="log", xlabel="training token-passes", ylabel="τ_offline on the held-out replies")
-    for axis in (left, right):
+    for axis, (chain, hybrid, copy, where) in zip(taus, (
+            ("tau_offline", "tau_offline_hybrid", "lookup", "τ_offline on the held-out replies"),
+            ("replay_chain", "replay_hybrid", "replay_lookup", f"τ replayed on {BENCH} (the target's replies)"))):
+        for key, label in ((chain, f"head chain, depth {DEPTH}"), (hybrid, "hybrid")):
+            axis.errorbar(passes, [p[key]["tau"] for p in points], fmt="o-", label=label, capsize=3,
+                          yerr=[[p[key]["tau"] - p[key]["tau_ci95"][0] for p in points],
+                                [p[key]["tau_ci95"][1] - p[key]["tau"] for p in points]])
+        axis.axhline(result[copy]["tau"], color="grey", ls="--", label="context's copy alone (lookup)")
+        axis.set(xscale="log", xlabel="training token-passes", ylabel=where)
+    for axis in (left, *taus):
         axis.legend(fontsize=8)
     fig.suptitle(f"{result['model']} {result['layers']}: {result['store_tokens']:,} stored tokens")
     fig.tight_layout()
@@ -97,14 +115,17 @@ def main() -> None:
                         seed=config.seed, holdout=config.holdout)
     eos = stored_target(data).tokenizer.eos_token_id
     if "lookup" not in result:
-        documents = (d for _, shard_documents in data.heldout_shards() for d in shard_documents)
-        result["lookup"] = summarize_rounds(simulate_documents(None, documents, DEPTH, eos, drafts="lookup"),
-                                            LOOKUP_TOKENS)
+        result["lookup"] = copy_tau(data, eos)
+    if "replay_lookup" not in result:
+        replay_replies(args.model, args.store, key, BENCH, EVALUATION.prompts, EVALUATION.max_new_tokens,
+                       EVALUATION.max_length, EVALUATION.generate_max_prompt_tokens)
+        result["replay_lookup"] = copy_tau(replay_data(args.store, key, BENCH, layers), eos,
+                                           max_new_tokens=EVALUATION.max_new_tokens, first_turn_only=True)
     result.update(config=asdict(config), epochs=epochs, point_steps=steps)
     result.setdefault("points", [])
     print(f"{args.model} {layers}: {epochs} epochs of {result['token_passes_per_epoch']:,} token-passes, points at "
           f"steps {steps}; feature-free baseline {result['bigram_accuracy']:.3f}, context's copy alone τ "
-          f"{result['lookup']['tau']:.3f}", flush=True)
+          f"{result['lookup']['tau']:.3f} (held out), {result['replay_lookup']['tau']:.3f} ({BENCH})", flush=True)
     for index, stop in enumerate(steps[:args.until]):
         if index < len(result["points"]):
             continue
@@ -112,18 +133,18 @@ def main() -> None:
         head, record = train(args.store, key, layers, work, config, stop_after=stop)
         trained = time.perf_counter() - started
         point = {"steps": stop, "token_passes": round(stop * passes_per_step), "training_seconds": trained,
-                 **measure(head, data, config, eos, record)}
+                 **measure(head, data, config, eos, record, args.store, key)}
         point["seconds"] = (result["points"][-1]["seconds"] if result["points"] else 0.0) + time.perf_counter() - started
         result["points"].append(point)
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps(result, indent=2) + "\n")
         plot(result, out.with_suffix(".png"))
-        chain, hybrid = point["tau_offline"], point["tau_offline_hybrid"]
+        taus = ", ".join(f"{name} {point[k]['tau']:.3f} [{point[k]['tau_ci95'][0]:.3f}, {point[k]['tau_ci95'][1]:.3f}]"
+                         for name, k in (("τ_offline chain", "tau_offline"), ("hybrid", "tau_offline_hybrid"),
+                                         (f"{BENCH} chain", "replay_chain"), ("hybrid", "replay_hybrid")))
         print(f"point {index + 1}/{args.points}: {point['token_passes']:,} token-passes, accuracy "
               + " / ".join(f"{a:.3f}" for a in point["accuracy"])
-              + f", τ_offline chain {chain['tau']:.3f} [{chain['tau_ci95'][0]:.3f}, {chain['tau_ci95'][1]:.3f}], "
-              f"hybrid {hybrid['tau']:.3f} [{hybrid['tau_ci95'][0]:.3f}, {hybrid['tau_ci95'][1]:.3f}], "
-              f"{point['seconds'] / 3600:.2f} h so far", flush=True)
+              + f", {taus}, {point['seconds'] / 3600:.2f} h so far", flush=True)
     print(f"wrote {out}")
 
 

@@ -32,7 +32,7 @@ def main() -> None:
     args = parser.parse_args()
     key, layers, out, work, result = open_rows(args)
     quick = replace(preset("quick"), precision="bfloat16", eval_every=10**9, chain_depth=4, holdout=HOLDOUT,
-                    ttt_warmup=0.0)
+                    ttt_warmup=0.0, attend_self=0.0)  # quick as it was before these rows
     rows = [(f"quick, TTT {quick.ttt_steps} throughout, {args.epochs} epochs", replace(quick, epochs=args.epochs))]
     for share, epochs in (row.split(":") for row in args.warmups):
         rows.append((f"quick, one-step TTT for the first {float(share):.0%} of steps, {epochs} epochs",

@@ -28,19 +28,29 @@ from tasks.select.selection import Candidate
 def prepare_replay(run: Run, bench: str) -> None:
     """The target's greedy replies to at least `prompts` of `bench`'s prompts, extracted into their
     own store once per model (tasks/decode/replay.py)."""
-    p, key, workspace = run.preset, run.model_key, Workspace(run.store)
-    target = workspace.replay_store(key, bench)
-    done = open_existing(target, paths.activations(key))
+    p = run.preset
+    replay_replies(run.request.model, run.store, run.model_key, bench, p.prompts, p.max_new_tokens, p.max_length,
+                   p.generate_max_prompt_tokens, log=get_run_logger().info)
+
+
+def replay_replies(model: str, store: str, model_key: str, bench: str, prompts: int, max_new_tokens: int,
+                   max_length: int, max_prompt_tokens: int, dtype: str = "auto", log=print) -> str:
+    """The replay store of `bench` beside `store` (built once: the target answers the prompts one at
+    a time in `dtype`, then every layer is extracted), for `replay_tau`."""
+    workspace = Workspace(store)
+    target = workspace.replay_store(model_key, bench)
+    done = open_existing(target, paths.activations(model_key))
     if done is not None and done.attrs.get("complete"):
-        return
-    get_run_logger().info(stage_line("evaluate", f"the target's own greedy replies to {bench} (once per model)"))
-    prompts = write_prompts(run.store, key, bench, 2 * p.prompts)  # replies ending early leave room for more
-    corpus = workspace.replay_corpus(key, bench)
-    generate(model=run.request.model, source=f"jsonl:{prompts}", out=str(corpus), tokens=p.prompts * p.max_new_tokens,
-             max_new_tokens=p.max_new_tokens, turns=1, batch_size=1, shard_size=8,
-             max_prompt_tokens=p.generate_max_prompt_tokens)
-    extract(model=run.request.model, corpus=f"regen:{corpus}", max_length=p.max_length, store=target,
+        return target
+    log(stage_line("evaluate", f"the target's own greedy replies to {bench} (once per model)"))
+    questions = write_prompts(store, model_key, bench, 2 * prompts)  # replies ending early leave room for more
+    corpus = workspace.replay_corpus(model_key, bench)
+    generate(model=model, source=f"jsonl:{questions}", out=str(corpus), tokens=prompts * max_new_tokens,
+             max_new_tokens=max_new_tokens, turns=1, batch_size=1, shard_size=8, max_prompt_tokens=max_prompt_tokens,
+             dtype=dtype)
+    extract(model=model, corpus=f"regen:{corpus}", max_length=max_length, store=target, dtype=dtype,
             **whole_corpus(corpus))
+    return target
 
 
 def screen(run: Run, candidates: list[Candidate], pool: HeadPool) -> list[Candidate]:

@@ -53,12 +53,19 @@ def whole_corpus(corpus: Path) -> dict:
             "chunks_per_shard": -(-tokens // REPLAY_CHUNK_TOKENS)}
 
 
+def replay_data(store: str, model_key: str, bench: str, layers: list[int]) -> StoreBatches:
+    """The stored replies of `bench`, every document "held out" (none was trained on)."""
+    return StoreBatches(Workspace(store).replay_store(model_key, bench), model_key, layers, seq_len=1, batch_size=1,
+                        seed=0, holdout=1.0)
+
+
 def replay_tau(head, store: str, model_key: str, bench: str, depth: int, eos: int | None,
-               max_new_tokens: int) -> dict:
-    """Chain τ of `head` along every stored reply of `bench`, each cut at `max_new_tokens`."""
-    data = StoreBatches(Workspace(store).replay_store(model_key, bench), model_key, head.config.layers, seq_len=1,
-                        batch_size=1, seed=0, holdout=1.0)
-    return {**offline_tau(head, data, depth, eos, max_new_tokens, first_turn_only=True), "method": "replay"}
+               max_new_tokens: int, drafts: str = "chain") -> dict:
+    """τ of `head`'s `drafts` (chain or hybrid) along every stored reply of `bench`, each cut at
+    `max_new_tokens`."""
+    data = replay_data(store, model_key, bench, head.config.layers)
+    return {**offline_tau(head, data, depth, eos, max_new_tokens, first_turn_only=True, drafts=drafts),
+            "method": "replay"}
 
 
 @task(name="replay-head", cache_policy=NO_CACHE)

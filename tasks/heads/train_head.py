@@ -78,9 +78,10 @@ PRESETS = {
     # batch 1: on a CPU's small stores the head is starved of optimizer steps, not of tokens per step;
     # prompt positions teach too, and TTT 4 trains every draft of a depth-4 chain (benchmarks/recipe.py);
     # one-step unrolls for the first 75% of steps, over twice the epochs in the same time, lift step-0
-    # accuracy by 0.05 (benchmarks/ttt_warmup.py)
+    # accuracy by 0.05 (benchmarks/ttt_warmup.py); attention that starts on the diagonal adds 0.016 to
+    # the first draft and 0.04-0.05 to the later ones (benchmarks/attend_self.py)
     "quick": TrainConfig(seq_len=512, batch_size=1, ttt_steps=4, lr=1e-3, warmup_steps=30, epochs=6, eval_every=100,
-                         draft_vocab_size=8192, loss_on_prompt=True, ttt_warmup=0.75),
+                         draft_vocab_size=8192, loss_on_prompt=True, ttt_warmup=0.75, attend_self=0.05),
     "full": TrainConfig(seq_len=2048, batch_size=16, ttt_steps=7, lr=1e-4, warmup_steps=500, epochs=10,
                         eval_every=1000),
 }
