@@ -9,7 +9,9 @@ benchmarks/recipe.py). The run's learning-rate schedule and its one-step TTT war
 run, so an earlier point is a snapshot of the long run, not a head trained to that budget alone
 (its learning rate has not decayed, and before the last quarter only the first draft trains).
 The head checkpoints at every point and every tenth of the run, and each point is written (JSON
-and PNG) as it is reached: a killed run, or one stopped with --until, resumes where it was.
+and PNG) as it is reached: a killed run, or one stopped with --until, resumes where it was. The
+finished head is exported into --work (vLLM format, with its training.json), for real decoding:
+`layerwave evaluate --head WORK --store STORE` or benchmarks/evaluate.py.
 
 At each point, on the store's held-out replies: accuracy over every reply position per TTT
 step, τ_offline of the head's chain (depth 4) and of hybrid drafting (the chain and the context's
@@ -31,8 +33,11 @@ from pathlib import Path
 
 from recipe import HOLDOUT, open_rows
 from flows.study import replay_replies
+from store.artefacts import write_json
+from tasks.data import load_model
 from tasks.decode.context_lookup import LOOKUP_TOKENS
 from tasks.decode.replay import replay_data, replay_tau
+from tasks.heads.export_head import export
 from tasks.heads.layer_use import LayerUse
 from tasks.heads.offline_tau import offline_tau, simulate_documents, summarize_rounds
 from tasks.heads.train_data import StoreBatches
@@ -146,6 +151,19 @@ def main() -> None:
               + " / ".join(f"{a:.3f}" for a in point["accuracy"])
               + f", {taus}, {point['seconds'] / 3600:.2f} h so far", flush=True)
     print(f"wrote {out}")
+    if len(result["points"]) == args.points and not (work / "training.json").is_file():
+        head, record = train(args.store, key, layers, work, config)  # the finished run, from its checkpoint
+        export_finished(head, record, work, args.model, config)
+        print(f"exported the finished head to {work}")
+
+
+def export_finished(head, record: dict, work: Path, model: str, config) -> None:
+    """The curve's last head as `layerwave train` writes one, so that real decoding can confirm
+    its replayed τ; training.json goes last, as the mark of a whole export."""
+    target = load_model.verifier(model)
+    export(head, work, "vllm", target["name_or_path"], speculative_tokens=config.ttt_steps,
+           architectures=target["architectures"], num_layers=load_model.num_hidden_layers(model))
+    write_json(work / "training.json", record)
 
 
 if __name__ == "__main__":
