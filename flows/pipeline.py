@@ -85,7 +85,8 @@ def extract_once(run: Run) -> None:
     if generated:
         generate(model=model, source=SOURCE, out=run.corpus.removeprefix("regen:"), tokens=p.generate_tokens,
                  max_new_tokens=p.generate_max_new_tokens, turns=p.generate_turns,
-                 max_prompt_tokens=p.generate_max_prompt_tokens, dtype=p.dtype)
+                 max_prompt_tokens=p.generate_max_prompt_tokens, batch_size=p.generate_batch_size,
+                 shard_size=p.generate_shard_size, dtype=p.dtype)
     extract(model=model, corpus=run.corpus, tokens=p.tokens, max_length=p.max_length, store=store, dtype=p.dtype)
 
 

@@ -46,6 +46,10 @@ class PipelinePreset:
     generate_max_new_tokens: int = 256
     generate_turns: int = 1  # on a CPU, later turns re-read the whole conversation (prefill) for each reply
     generate_max_prompt_tokens: int = 512
+    # Slots decoded together and conversations per committed shard: a shard ends by draining its slots,
+    # so large budgets take large shards (64 slots over 256 conversations: 1.4x 32 over 64 on 2 cores).
+    generate_batch_size: int = 32
+    generate_shard_size: int = 64
     warm_start: bool = False  # start heads from the target's lm_head and norm; off: it did not help (README)
     # Screening (tasks/report/study.py): every candidate × seed trained for `screen_epochs` and scored by
     # τ_offline; only the `finalists` best (plus the default and the best random set) train fully.
@@ -99,7 +103,8 @@ PIPELINE_PRESETS = {
     "scale": PipelinePreset(
         store="layerwave-scale.zarr", tokens=50000, max_length=2048, entropy_quantile=0.5, n_random=1,
         candidates=1, train_preset="quick", epochs=1, seeds=(0,), benches=("mt-bench",), prompts=40,
-        max_new_tokens=128, depth=4, generate_tokens=1_000_000, training_tokens=1_500_000, dtype="bfloat16"),
+        max_new_tokens=128, depth=4, generate_tokens=1_000_000, generate_batch_size=64, generate_shard_size=256,
+        training_tokens=1_500_000, dtype="bfloat16"),
 }
 
 

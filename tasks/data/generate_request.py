@@ -28,7 +28,8 @@ class GenerateRequest:
     temperature: float = option(0.0, "0 = greedy; > 0 samples")
     seed: int = option(0, "order of the source conversations, and sampling")
     batch_size: int = option(32, "replies decoded together (a row whose reply ends takes the next prompt)")
-    shard_size: int = option(64, "conversations per committed shard")
+    shard_size: int = option(64, "conversations per committed shard (a shard ends by draining its slots: 256 with "
+                                    "--batch-size 64 generates 1.4x faster for budgets of 100k tokens and more)")
     device: str = option("auto", "auto (CUDA when present), cpu or cuda[:N]")
     dtype: str = option("auto", "compute dtype: auto (the checkpoint's), float32, float16, bfloat16 (1.7x "
                                 "faster on a CPU with avx512_bf16; the replies are then the bfloat16 model's)")
