@@ -3,6 +3,7 @@ store, measured each time its token-passes double.
 
     python benchmarks/scaling_curve.py --store STORE [--model smollm2-135m] [--first 400000]
                                        [--points 7] [--out benchmarks/out/scaling_curve.json]
+                                       [--beside EARLIER.json ...] [--device cpu] [--batch-size 1] [--lr 1e-3]
 
 STORE is a training store of the EAGLE-3 default layers, of the target's own replies (as for
 benchmarks/recipe.py). The run's learning-rate schedule and its one-step TTT warmup span the whole
@@ -20,6 +21,9 @@ the curve, on the same replies: the feature-free baseline, and the context's cop
 (`--draft lookup`, no head). And on the study's fixed evaluation set, the target's own greedy replies
 to the MT-Bench prompts (`layerwave run --preset study`'s replay store, built beside STORE on the
 first run): the chain's and hybrid's replayed τ at each point, and the copy's alone beside them.
+`--beside` draws earlier curves (other stores, other data sizes) on the same axes. On a GPU,
+`--device cuda` with a larger `--batch-size` and `--lr` trains the same recipe at GPU scale
+(benchmarks/gpu_check.sh); the evaluation stays on the CPU.
 """
 
 from __future__ import annotations
@@ -30,6 +34,8 @@ import math
 import time
 from dataclasses import asdict, replace
 from pathlib import Path
+
+import torch
 
 from recipe import HOLDOUT, open_rows
 from flows.study import replay_replies
@@ -71,30 +77,35 @@ def copy_tau(data: StoreBatches, eos: int | None, **replies) -> dict:
     return summarize_rounds(simulate_documents(None, documents, DEPTH, eos, drafts="lookup", **replies), LOOKUP_TOKENS)
 
 
-def plot(result: dict, path: Path) -> None:
+def plot(result: dict, path: Path, beside: list[dict] = ()) -> None:
+    """The curve, and each of `beside` (earlier curves, other data sizes) fainter on the same axes."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    points = result["points"]
-    passes = [p["token_passes"] for p in points]
     fig, (left, *taus) = plt.subplots(1, 3, figsize=(15, 4))
-    left.plot(passes, [p["accuracy"][0] for p in points], "o-", label="head, first draft")
+    for curve in [result, *beside]:
+        points, style = curve["points"], {} if curve is result else {"alpha": 0.45, "ls": ":"}
+        passes, size = [p["token_passes"] for p in points], f" ({curve['store_tokens'] / 1e6:.2f}M stored tokens)"
+        left.plot(passes, [p["accuracy"][0] for p in points], marker="o", color="C0", label="head, first draft" + size,
+                  **style)
+        for axis, (chain, hybrid) in zip(taus, (("tau_offline", "tau_offline_hybrid"),
+                                                ("replay_chain", "replay_hybrid"))):
+            for key, label, color in ((chain, f"head chain, depth {DEPTH}", "C0"), (hybrid, "hybrid", "C1")):
+                axis.errorbar(passes, [p[key]["tau"] for p in points], marker="o", color=color, label=label + size,
+                              capsize=3,
+                              yerr=[[p[key]["tau"] - p[key]["tau_ci95"][0] for p in points],
+                                    [p[key]["tau_ci95"][1] - p[key]["tau"] for p in points]], **style)
     left.axhline(result["bigram_accuracy"], color="grey", ls="--", label="feature-free baseline")
     left.set(xscale="log", xlabel="training token-passes", ylabel="held-out accuracy, all reply positions")
-    for axis, (chain, hybrid, copy, where) in zip(taus, (
-            ("tau_offline", "tau_offline_hybrid", "lookup", "τ_offline on the held-out replies"),
-            ("replay_chain", "replay_hybrid", "replay_lookup", f"τ replayed on {BENCH} (the target's replies)"))):
-        for key, label in ((chain, f"head chain, depth {DEPTH}"), (hybrid, "hybrid")):
-            axis.errorbar(passes, [p[key]["tau"] for p in points], fmt="o-", label=label, capsize=3,
-                          yerr=[[p[key]["tau"] - p[key]["tau_ci95"][0] for p in points],
-                                [p[key]["tau_ci95"][1] - p[key]["tau"] for p in points]])
+    for axis, (copy, where) in zip(taus, (("lookup", "τ_offline on the held-out replies"),
+                                          ("replay_lookup", f"τ replayed on {BENCH} (the target's replies)"))):
         axis.axhline(result[copy]["tau"], color="grey", ls="--", label="context's copy alone (lookup)")
         axis.set(xscale="log", xlabel="training token-passes", ylabel=where)
     for axis in (left, *taus):
-        axis.legend(fontsize=8)
-    fig.suptitle(f"{result['model']} {result['layers']}: {result['store_tokens']:,} stored tokens")
+        axis.legend(fontsize=7)
+    fig.suptitle(f"{result['model']} {result['layers']}")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -109,15 +120,21 @@ def main() -> None:
     parser.add_argument("--until", type=int, default=None, help="stop after this many points (resume later)")
     parser.add_argument("--work", default=None, help="where the head goes (default: beside --out)")
     parser.add_argument("--out", default="benchmarks/out/scaling_curve.json")
+    parser.add_argument("--beside", nargs="*", default=[], help="earlier curves' JSON, drawn on the same axes")
+    parser.add_argument("--device", default="cpu", help="where the head trains: cpu or cuda[:N]")
+    parser.add_argument("--batch-size", type=int, default=1, help="windows per step (quick: 1, a CPU's choice)")
+    parser.add_argument("--lr", type=float, default=None, help="peak learning rate (default: quick's)")
     args = parser.parse_args()
     key, layers, out, work, result = open_rows(args)
-    passes_per_step = result["token_passes_per_epoch"] / result["windows_per_epoch"]
+    beside = [json.loads(Path(path).read_text()) for path in args.beside]
     epochs = math.ceil(args.first * 2 ** (args.points - 1) / result["token_passes_per_epoch"])
-    config = replace(preset("quick"), precision="bfloat16", holdout=HOLDOUT, chain_depth=DEPTH, epochs=epochs,
-                     eval_every=10**9)
-    steps = point_steps(epochs * result["windows_per_epoch"], args.points)
+    config = replace(preset("quick", lr=args.lr, batch_size=args.batch_size), precision="bfloat16",
+                     holdout=HOLDOUT, chain_depth=DEPTH, epochs=epochs, eval_every=10**9)
     data = StoreBatches(args.store, key, layers, seq_len=config.seq_len, batch_size=config.batch_size,
                         seed=config.seed, holdout=config.holdout)
+    steps_per_epoch = len(data.plan(0))
+    passes_per_step = result["token_passes_per_epoch"] / steps_per_epoch
+    steps = point_steps(epochs * steps_per_epoch, args.points)
     eos = stored_target(data).tokenizer.eos_token_id
     if "lookup" not in result:
         result["lookup"] = copy_tau(data, eos)
@@ -126,8 +143,10 @@ def main() -> None:
                        EVALUATION.max_length, EVALUATION.generate_max_prompt_tokens)
         result["replay_lookup"] = copy_tau(replay_data(args.store, key, BENCH, layers), eos,
                                            max_new_tokens=EVALUATION.max_new_tokens, first_turn_only=True)
-    result.update(config=asdict(config), epochs=epochs, point_steps=steps)
+    result.update(config=asdict(config), epochs=epochs, point_steps=steps, device=args.device)
     result.setdefault("points", [])
+    if result["points"]:
+        plot(result, out.with_suffix(".png"), beside)  # the curves beside may be new
     print(f"{args.model} {layers}: {epochs} epochs of {result['token_passes_per_epoch']:,} token-passes, points at "
           f"steps {steps}; feature-free baseline {result['bigram_accuracy']:.3f}, context's copy alone τ "
           f"{result['lookup']['tau']:.3f} (held out), {result['replay_lookup']['tau']:.3f} ({BENCH})", flush=True)
@@ -135,7 +154,8 @@ def main() -> None:
         if index < len(result["points"]):
             continue
         started = time.perf_counter()
-        head, record = train(args.store, key, layers, work, config, stop_after=stop)
+        head, record = train(args.store, key, layers, work, config, stop_after=stop,
+                             device=torch.device(args.device))
         trained = time.perf_counter() - started
         point = {"steps": stop, "token_passes": round(stop * passes_per_step), "training_seconds": trained,
                  **measure(head, data, config, eos, record, args.store, key)}
@@ -143,7 +163,7 @@ def main() -> None:
         result["points"].append(point)
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps(result, indent=2) + "\n")
-        plot(result, out.with_suffix(".png"))
+        plot(result, out.with_suffix(".png"), beside)
         taus = ", ".join(f"{name} {point[k]['tau']:.3f} [{point[k]['tau_ci95'][0]:.3f}, {point[k]['tau_ci95'][1]:.3f}]"
                          for name, k in (("τ_offline chain", "tau_offline"), ("hybrid", "tau_offline_hybrid"),
                                          (f"{BENCH} chain", "replay_chain"), ("hybrid", "replay_hybrid")))
@@ -152,7 +172,8 @@ def main() -> None:
               + f", {taus}, {point['seconds'] / 3600:.2f} h so far", flush=True)
     print(f"wrote {out}")
     if len(result["points"]) == args.points and not (work / "training.json").is_file():
-        head, record = train(args.store, key, layers, work, config)  # the finished run, from its checkpoint
+        # the finished run, from its checkpoint
+        head, record = train(args.store, key, layers, work, config, device=torch.device(args.device))
         export_finished(head, record, work, args.model, config)
         print(f"exported the finished head to {work}")
 
