@@ -3,6 +3,7 @@ profile; the cost-aware depth."""
 
 from __future__ import annotations
 
+import copy
 import json
 from pathlib import Path
 
@@ -16,6 +17,7 @@ from tasks.decode.draft_auto import choose, expected_tokens
 from tasks.decode.round_profile import OVERHEAD, profile_rounds
 from tasks.decode.side_by_side import Decoder, contention, median_ci95, side_by_side, summarize
 from tasks.decode.spec_decode import Generation, accept_greedy, accept_greedy_lazily, plain_generate
+from tasks.decode.target_choices import all_rows_at_once
 from tasks.decode.tree_shape import TreeShape
 from tasks.heads.export_head import load_exported
 from tests.conftest import TINY
@@ -35,11 +37,14 @@ def test_prompt_lookup_is_the_targets_output_in_fewer_forwards(tiny):
     assert lookup.forwards < 23 and lookup.tau == 23 / lookup.forwards > 1.0
 
 
-def test_lazy_logits_accept_what_the_full_logits_accept(tiny):
-    """Greedy acceptance from the final hidden states, one lm_head row first, equals acceptance
-    from all rows: whichever draft is first wrong, and when every draft is right."""
-    hidden = torch.randn(5, tiny.model.config.hidden_size)
-    lm_head = tiny.model.get_output_embeddings()
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])  # row by row; all rows in one product
+def test_lazy_logits_accept_what_the_full_logits_accept(tiny, dtype):
+    """Greedy acceptance from the final hidden states, the lm_head's rows computed only where
+    cheap, equals acceptance from all rows: whichever draft is first wrong, and when every draft is
+    right."""
+    hidden = torch.randn(5, tiny.model.config.hidden_size, dtype=dtype)
+    lm_head = copy.deepcopy(tiny.model.get_output_embeddings()).to(dtype)
+    assert all_rows_at_once(hidden) == (dtype == torch.bfloat16)
     choices = lm_head(hidden).argmax(-1).tolist()
     for drafts in (choices[:4], [choices[0] + 1, *choices[1:4]], [*choices[:2], choices[2] + 1, choices[3]], []):
         assert accept_greedy_lazily(lm_head, hidden[: len(drafts) + 1], drafts) == \

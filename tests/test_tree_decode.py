@@ -11,7 +11,7 @@ import torch
 
 from flows.cli import main
 from tasks.decode.spec_decode import HeadDrafter, aux_states, plain_generate, speculative_generate
-from tasks.decode.tree_decode import DraftTree, keep_positions, verify_tree, walk_sampled
+from tasks.decode.tree_decode import DraftTree, keep_positions, verify_tree, walk_greedy, walk_sampled
 from tasks.decode.tree_shape import TreeShape
 from tasks.heads.export_head import export
 from tests.conftest import LAYERS, TINY
@@ -108,6 +108,18 @@ here).
         assert chain.tokens == narrow.tokens == tree.tokens == plain
         assert narrow.accepted == chain.accepted
         assert tree.accepted == [depth] * rounds and tree.tau == depth + 1 > chain.tau
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])  # lm_head rows one by one; all at once
+def test_the_greedy_walk_follows_the_targets_choices_to_its_bonus_token(dtype):
+    """Root, then node 1 (token 5), then node 3 (token 2); there the target wants 6, which no
+    child (node 4 drafts 7) offers: the bonus. The states make each row's argmax unambiguous."""
+    tree = DraftTree(tokens=[3, 5, 1, 2, 7], parents=[-1, -1, 1, 1, 3], depths=[1, 1, 2, 2, 3])
+    lm_head = torch.nn.Linear(8, 8, bias=False).to(dtype)
+    torch.nn.init.eye_(lm_head.weight)
+    wanted = [5, 0, 2, 0, 6, 0]  # the target's choice after the root and after each node
+    hidden = 10 * torch.nn.functional.one_hot(torch.tensor(wanted), 8).to(dtype)
+    assert walk_greedy(tree, lm_head, hidden) == ([1, 3], 6)
 
 
 def test_the_tree_walk_samples_exactly_the_targets_distribution():

@@ -20,6 +20,7 @@ import torch
 
 from tasks.decode.context_lookup import ContextLookup
 from tasks.decode.stopwatch import NO_STOPWATCH, Stopwatch
+from tasks.decode.target_choices import TargetChoices
 from tasks.decode.tree_decode import DraftTree, draft_tree, tree_round
 from tasks.decode.tree_shape import TreeShape
 from tasks.heads.draft_head import DraftHead
@@ -139,13 +140,14 @@ def accept_greedy(target_logits: torch.Tensor, drafts: list[int]) -> list[int]:
 
 def accept_greedy_lazily(lm_head, hidden: torch.Tensor, drafts: list[int]) -> list[int]:
     """`accept_greedy` from the target's final hidden states (T, H), computing its logits only where
-    needed: the first position alone, the others only once the first draft is accepted. A round
-    with a weak head mostly ends at the first draft, and on a CPU one row of the target's lm_head
-    costs well under the five rows of a depth-4 chain (argmax ignores any monotone logit capping)."""
-    first = int(lm_head(hidden[:1]).argmax(-1))
-    if not drafts or drafts[0] != first:
-        return [first]
-    return drafts[:1] + accept_greedy(lm_head(hidden[1:]).float(), drafts[1:])
+    they are cheap to have (tasks/decode/target_choices.py): a round with a weak head mostly ends at
+    the first draft, and in float32 on a CPU one lm_head row costs well under the five of a depth-4
+    chain (argmax ignores any monotone logit capping)."""
+    choices = TargetChoices(lm_head, hidden)
+    accepted = 0
+    while accepted < len(drafts) and drafts[accepted] == choices[accepted]:
+        accepted += 1
+    return drafts[:accepted] + [choices[accepted]]
 
 
 def accept_sampled(target_probs: torch.Tensor, draft_probs: list, drafts: list[int], generator=None) -> list[int]:

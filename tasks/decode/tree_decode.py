@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import torch
 
 from tasks.decode.stopwatch import NO_STOPWATCH
+from tasks.decode.target_choices import TargetChoices
 from tasks.decode.tree_shape import TreeShape
 
 
@@ -113,12 +114,13 @@ def tree_mask(tree: DraftTree, prefix: int, dtype: torch.dtype, device: torch.de
 def walk_greedy(tree: DraftTree, lm_head, hidden: torch.Tensor) -> tuple[list[int], int]:
     """Follow the children equal to the target's argmax at their parent; at the first node with
     none, the target's argmax there is the bonus token. Returns (accepted nodes, bonus). The
-    target's logits come from its final hidden states (1+n, H) one row at a time, only along the
-    walk: on a CPU each row of the lm_head costs about a sixth of a plain step, and most rows
-    of a tree are never reached."""
+    target's logits come from its final hidden states (1+n, H), in float32 on a CPU one row at a
+    time along the walk (most rows of a tree are never reached), else all in one product
+    (tasks/decode/target_choices.py)."""
+    choices = TargetChoices(lm_head, hidden)
     path, node = [], -1
     while True:
-        choice = int(lm_head(hidden[1 + node]).argmax())
+        choice = choices[1 + node]
         child = next((c for c in tree.children(node) if tree.tokens[c] == choice), None)
         if child is None:
             return path, choice
