@@ -33,25 +33,29 @@ PREFIX = 256
 REPEATS = 15
 
 
-def median_ms(forward, cache, width: int) -> float:
-    """Median milliseconds of `forward` over `width` new tokens after the cached prefix (two
-    untimed warm-ups; a dynamic cache is cropped back after each, a static one is overwritten)."""
+def forward_over(forward, cache, width: int):
+    """One call of `forward` over `width` new tokens after the cached prefix (a dynamic cache is
+    cropped back after it, a static one is overwritten by the next)."""
     ids = torch.randint(100, 40000, (1, width))
     positions = torch.arange(PREFIX, PREFIX + width)
 
     def run():
-        forward(input_ids=ids, cache=cache, cache_position=positions, position_ids=positions[None], use_cache=True,
-                logits_to_keep=1)
+        with torch.inference_mode():
+            forward(input_ids=ids, cache=cache, cache_position=positions, position_ids=positions[None],
+                    use_cache=True, logits_to_keep=1)
         if isinstance(cache, DynamicCache):
             cache.crop(-width)
+    return run
 
+
+def median_ms(run) -> float:
+    """Median milliseconds of `run` after two untimed warm-ups."""
     times = []
-    with torch.inference_mode():
-        for repeat in range(REPEATS + 2):
-            began = time.perf_counter()
-            run()
-            if repeat >= 2:
-                times.append(time.perf_counter() - began)
+    for repeat in range(REPEATS + 2):
+        began = time.perf_counter()
+        run()
+        if repeat >= 2:
+            times.append(time.perf_counter() - began)
     return 1000 * statistics.median(times)
 
 
@@ -70,14 +74,10 @@ def static_cache(model):
 def compiled_row(model, width: int) -> dict:
     """The compiled static-cache forward at one width: seconds of its first call (the compile) and
     its median milliseconds after."""
-    forward = torch.compile(model, dynamic=False)
-    cache = static_cache(model)
-    positions = torch.arange(PREFIX, PREFIX + width)
+    run = forward_over(torch.compile(model, dynamic=False), static_cache(model), width)
     began = time.perf_counter()
-    with torch.inference_mode():
-        forward(input_ids=torch.randint(100, 40000, (1, width)), cache=cache, cache_position=positions,
-                position_ids=positions[None], use_cache=True, logits_to_keep=1)
-    return {"compile_seconds": time.perf_counter() - began, "ms": median_ms(forward, cache, width)}
+    run()
+    return {"compile_seconds": time.perf_counter() - began, "ms": median_ms(run)}
 
 
 def compiled_in_child(args, width: int) -> dict:
@@ -104,8 +104,9 @@ def main() -> None:
         return
     dynamic = filled(model, DynamicCache(config=model.config))
     static = static_cache(model)
-    rows = [{"width": width, "eager_dynamic_ms": median_ms(model, dynamic, width),
-             "eager_static_ms": median_ms(model, static, width)} for width in map(int, args.widths.split(","))]
+    rows = [{"width": width, "eager_dynamic_ms": median_ms(forward_over(model, dynamic, width)),
+             "eager_static_ms": median_ms(forward_over(model, static, width))}
+            for width in map(int, args.widths.split(","))]
     for row in rows:
         row["compiled_static"] = compiled_in_child(args, row["width"])
     plain_step = next((row["eager_dynamic_ms"] for row in rows if row["width"] == 1), rows[0]["eager_dynamic_ms"])

@@ -131,19 +131,17 @@ def for_drafting(head: DraftHead, device: torch.device) -> DraftHead:
 
 def accept_greedy(target_logits: torch.Tensor, drafts: list[int]) -> list[int]:
     """Drafts equal to the target's argmax, then the target's own next token."""
-    choices = target_logits.argmax(-1).tolist()
-    accepted = 0
-    while accepted < len(drafts) and drafts[accepted] == choices[accepted]:
-        accepted += 1
-    return drafts[:accepted] + [choices[accepted]]
+    return accept_choices(target_logits.argmax(-1).tolist(), drafts)
 
 
 def accept_greedy_lazily(lm_head, hidden: torch.Tensor, drafts: list[int]) -> list[int]:
-    """`accept_greedy` from the target's final hidden states (T, H), computing its logits only where
-    they are cheap to have (tasks/decode/target_choices.py): a round with a weak head mostly ends at
-    the first draft, and in float32 on a CPU one lm_head row costs well under the five of a depth-4
-    chain (argmax ignores any monotone logit capping)."""
-    choices = TargetChoices(lm_head, hidden)
+    """`accept_greedy` from the target's final hidden states (T, H), its logits computed only where
+    cheap (tasks/decode/target_choices.py; argmax ignores any monotone logit capping)."""
+    return accept_choices(TargetChoices(lm_head, hidden), drafts)
+
+
+def accept_choices(choices, drafts: list[int]) -> list[int]:
+    """Drafts while they equal the target's choices (indexable by position), then its own next."""
     accepted = 0
     while accepted < len(drafts) and drafts[accepted] == choices[accepted]:
         accepted += 1
