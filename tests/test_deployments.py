@@ -72,7 +72,10 @@ def server(tmp_path_factory, bucket):
     port = free_port()
     env = {**os.environ, **bucket[0], "LAYERWAVE_RUN_DIR": str(run_dir), "LAYERWAVE_PREFECT_PORT": str(port),
            "PREFECT_HOME": str(run_dir / "home"), "LAYERWAVE_REGISTRY": str(run_dir / "models.toml"),
-           "PREFECT_WORKER_QUERY_SECONDS": "2", "PREFECT_API_URL": f"http://127.0.0.1:{port}/api"}
+           "PREFECT_WORKER_QUERY_SECONDS": "2", "PREFECT_API_URL": f"http://127.0.0.1:{port}/api",
+           # No scheduler: a suite running across 03:00 UTC would get the sweep's daily run, a quick
+           # pipeline of the default model writing layerwave.* folders into the checkout.
+           "PREFECT_SERVER_SERVICES_SCHEDULER_ENABLED": "false"}
     try:
         subprocess.run(["bash", "deploy/server-up.sh"], cwd=REPO, env=env, check=True, timeout=300)
         yield env, run_dir
