@@ -10,9 +10,10 @@ benchmarks/recipe.py). The run's learning-rate schedule and its one-step TTT war
 run, so an earlier point is a snapshot of the long run, not a head trained to that budget alone
 (its learning rate has not decayed, and before the last quarter only the first draft trains).
 The head checkpoints at every point and every tenth of the run, and each point is written (JSON
-and PNG) as it is reached: a killed run, or one stopped with --until, resumes where it was. The
-finished head is exported into --work (vLLM format, with its training.json), for real decoding:
-`layerwave evaluate --head WORK --store STORE` or benchmarks/evaluate.py.
+and PNG) as it is reached: a killed run, or one stopped with --until, resumes where it was. Each
+point's head is exported into --work as `point-K` (vLLM format, with a training.json holding that
+point's held-out evaluation), for real decoding: `layerwave evaluate --head WORK/point-K --store
+STORE` or benchmarks/evaluate.py.
 
 At each point, on the store's held-out replies: accuracy over every reply position per TTT
 step, τ_offline of the head's chain (depth 4) and of hybrid drafting (the chain and the context's
@@ -59,16 +60,16 @@ def point_steps(total: int, points: int) -> list[int]:
     return [max(1, round(total / 2 ** (points - 1 - k))) for k in range(points)]
 
 
-def measure(head, data: StoreBatches, config, eos: int | None, record: dict, store: str, key: str) -> dict:
-    """A point's columns: the run's own final evaluation at its end, else a fresh one; then τ
-    replayed along the target's replies to the benchmark."""
+def measure(head, data: StoreBatches, config, eos: int | None, record: dict, store: str, key: str) -> tuple[dict, dict]:
+    """A point's held-out evaluation (the run's own at its end, else a fresh one), and its columns:
+    that evaluation, then τ replayed along the target's replies to the benchmark."""
     metrics = record["final"] if record["finished"] else held_out_metrics(head, data, config, eos,
                                                                              LayerUse(head, config.seed))
     replayed = {f"replay_{drafts}": replay_tau(head, store, key, BENCH, DEPTH, eos, EVALUATION.max_new_tokens, drafts)
                 for drafts in ("chain", "hybrid")}
-    return {"accuracy": metrics["accuracy"], "coverage": metrics["coverage"][0],
-            "layer_use": metrics["layer_use"], "tau_offline": metrics["tau_offline"],
-            "tau_offline_hybrid": offline_tau(head, data, DEPTH, eos, drafts="hybrid"), **replayed}
+    return metrics, {"accuracy": metrics["accuracy"], "coverage": metrics["coverage"][0],
+                     "layer_use": metrics["layer_use"], "tau_offline": metrics["tau_offline"],
+                     "tau_offline_hybrid": offline_tau(head, data, DEPTH, eos, drafts="hybrid"), **replayed}
 
 
 def copy_tau(data: StoreBatches, eos: int | None, **replies) -> dict:
@@ -157,8 +158,9 @@ def main() -> None:
         head, record = train(args.store, key, layers, work, config, stop_after=stop,
                              device=torch.device(args.device))
         trained = time.perf_counter() - started
-        point = {"steps": stop, "token_passes": round(stop * passes_per_step), "training_seconds": trained,
-                 **measure(head, data, config, eos, record, args.store, key)}
+        metrics, columns = measure(head, data, config, eos, record, args.store, key)
+        point = {"steps": stop, "token_passes": round(stop * passes_per_step), "training_seconds": trained, **columns}
+        export_point(head, {**record, "final": metrics}, work / f"point-{index + 1}", args.model, config)
         point["seconds"] = (result["points"][-1]["seconds"] if result["points"] else 0.0) + time.perf_counter() - started
         result["points"].append(point)
         out.parent.mkdir(parents=True, exist_ok=True)
@@ -170,21 +172,17 @@ def main() -> None:
         print(f"point {index + 1}/{args.points}: {point['token_passes']:,} token-passes, accuracy "
               + " / ".join(f"{a:.3f}" for a in point["accuracy"])
               + f", {taus}, {point['seconds'] / 3600:.2f} h so far", flush=True)
-    print(f"wrote {out}")
-    if len(result["points"]) == args.points and not (work / "training.json").is_file():
-        # the finished run, from its checkpoint
-        head, record = train(args.store, key, layers, work, config, device=torch.device(args.device))
-        export_finished(head, record, work, args.model, config)
-        print(f"exported the finished head to {work}")
+    print(f"wrote {out}; the points' heads are in {work}")
 
 
-def export_finished(head, record: dict, work: Path, model: str, config) -> None:
-    """The curve's last head as `layerwave train` writes one, so that real decoding can confirm
-    its replayed τ; training.json goes last, as the mark of a whole export."""
+def export_point(head, record: dict, out: Path, model: str, config) -> None:
+    """A point's head as `layerwave train` writes one (its training.json's `final` is the point's
+    evaluation, which `--draft auto` reads), so that real decoding can confirm its replayed τ;
+    training.json goes last, as the mark of a whole export."""
     target = load_model.verifier(model)
-    export(head, work, "vllm", target["name_or_path"], speculative_tokens=config.ttt_steps,
+    export(head, out, "vllm", target["name_or_path"], speculative_tokens=config.ttt_steps,
            architectures=target["architectures"], num_layers=load_model.num_hidden_layers(model))
-    write_json(work / "training.json", record)
+    write_json(out / "training.json", record)
 
 
 if __name__ == "__main__":
