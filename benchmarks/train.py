@@ -9,8 +9,8 @@ seed, and reports training token-passes/s (held-out evaluation not counted) besi
 held-out accuracy over all reply positions per TTT step, and τ_offline of a depth-4 chain. The
 baseline row is `quick` as it was when training in float32 was all there was (TTT 3, loss on
 replies only, batch 1, lr 1e-3, draft vocabulary counted on input tokens); the later rows add
-bfloat16 autocast (float32 master weights), then today's `quick`, then `quick` with half the draft
-vocabulary. Also timed: the target forward with output_hidden_states over the same windows, the
+bfloat16 autocast (float32 master weights), then today's `quick` in float32 and at `--precision
+auto` (bfloat16 where native), then `quick` with half the draft vocabulary. Also timed: the target forward with output_hidden_states over the same windows, the
 cost per token an online trainer pays on top.
 """
 
@@ -34,16 +34,18 @@ from flows.extract import extract  # noqa: E402
 from tasks.data import load_model  # noqa: E402
 from tasks.heads.train_data import StoreBatches  # noqa: E402
 from tasks.heads.train_head import preset, train  # noqa: E402
+from tasks.precision import resolve_precision  # noqa: E402
 from tasks.select.layer_ids import eagle3_default  # noqa: E402
 
-QUICK = preset("quick")
+QUICK = preset("quick", precision=resolve_precision("auto", torch.device("cpu")))  # as `layerwave train` runs it here
 FLOAT32_QUICK = {"precision": "float32", "ttt_steps": 3, "loss_on_prompt": False, "ttt_warmup": 0.0,
                  "attend_self": 0.0, "draft_vocab_from": "input"}
 RECIPES = {  # name: overrides of today's quick preset
     "float32, TTT 3, replies only (quick before bfloat16)": FLOAT32_QUICK,
     "+ bfloat16 autocast": FLOAT32_QUICK | {"precision": "bfloat16"},
-    "quick today (bfloat16, TTT 4, one-step unrolls for the first 75%, loss on prompts too)": {},
-    "quick today, draft vocabulary 4,096": {"draft_vocab_size": 4096},
+    "quick today in float32": {"precision": "float32"},
+    f"quick today ({QUICK.precision}: TTT 4, one-step unrolls for the first 75%, loss on prompts too)": {},
+    f"quick today ({QUICK.precision}), draft vocabulary 4,096": {"draft_vocab_size": 4096},
 }
 
 
