@@ -8,6 +8,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from transformers import Gemma3ForCausalLM, Gemma3TextConfig
 
 from flows.cli import main
 from tasks.decode.spec_decode import HeadDrafter, aux_states, plain_generate, speculative_generate
@@ -202,3 +203,23 @@ def test_evaluate_cli_with_a_tree(trained, tmp_path, capsys):
     refused(["--draft", "foo"], "unknown --draft 'foo'; use chain, tree, lookup, hybrid or auto")
     refused(["--draft", "tree", "--tree-tokens", "0"], "--tree-tokens must be at least 1")
     refused(["--draft", "tree", "--tree-topk", "0"], "--tree-topk must be between 1 and")
+
+
+def test_greedy_decoding_of_a_sliding_window_target_past_its_window():
+    """Gemma-3's sliding-window layers: a tiny random one whose window (6) the prompt and reply
+    outgrow; chain and tree rounds (accepted nodes not contiguous) must still give the target's own
+    greedy text, so the cache keeps every position and a tree's mask hides what lies past the window."""
+    torch.manual_seed(0)
+    config = Gemma3TextConfig(vocab_size=512, hidden_size=32, intermediate_size=64, num_hidden_layers=4,
+                              num_attention_heads=2, num_key_value_heads=1, head_dim=16, sliding_window=6,
+                              layer_types=["sliding_attention", "full_attention"] * 2, max_position_embeddings=128)
+    target = Gemma3ForCausalLM(config).eval()
+    depth, budget = 3, 20
+    prompt = torch.randint(0, 512, (9,), generator=torch.Generator().manual_seed(1)).tolist()
+    head = SecondGuessHead(target, prompt[0], misleads=lambda context: len(context) % 2 == 0)
+    plain = plain_generate(target, prompt, budget, None).tokens
+    chain = speculative_generate(target, [1, 2, 3], HeadDrafter(head), prompt, budget, depth, None)
+    tree = speculative_generate(target, [1, 2, 3], HeadDrafter(head), prompt, budget, depth, None,
+                                tree=TreeShape(topk=4, tokens=14))
+    assert chain.tokens == tree.tokens == plain
+    assert max(tree.accepted) == depth and tree.tau > chain.tau

@@ -17,6 +17,7 @@ import time
 from dataclasses import dataclass, field
 
 import torch
+from transformers import DynamicCache
 
 from tasks.decode.context_lookup import ContextLookup
 from tasks.decode.stopwatch import NO_STOPWATCH, Stopwatch
@@ -213,7 +214,9 @@ def speculative_generate(target, layers: list[int], drafter, prompt: list[int], 
     `stopwatch` times each part of every round (and "round", the whole of it) for the profile."""
     began = time.perf_counter()
     ids = torch.tensor([prompt], device=target.device)
-    out = target(input_ids=ids, output_hidden_states=True, use_cache=True, logits_to_keep=1)
+    # A cache that keeps every position of every layer: a sliding-window layer's own cache (Gemma-3)
+    # forgets what lies beyond its window, so it can neither be cropped there nor gathered by position.
+    out = target(input_ids=ids, output_hidden_states=True, use_cache=True, logits_to_keep=1, cache=DynamicCache())
     cache = out.cache
     first = out.logits[0, -1:].float()
     generated = (accept_sampled(torch.softmax(first / temperature, -1).cpu(), [], [], generator) if temperature > 0

@@ -103,12 +103,26 @@ def _keep_best(scores, tokens, parents, depths, size: int) -> DraftTree:
     return DraftTree([tokens[i] for i in kept], [index[parents[i]] for i in kept], [depths[i] for i in kept])
 
 
-def tree_mask(tree: DraftTree, prefix: int, dtype: torch.dtype, device: torch.device | str = "cpu") -> torch.Tensor:
+def tree_mask(tree: DraftTree, prefix: int, dtype: torch.dtype, device: torch.device | str = "cpu",
+              window: int | None = None) -> torch.Tensor:
     """(1, 1, 1+n, prefix+1+n) additive mask for the target: the committed prefix and each row's
     ancestors are visible (0), the rest masked (the dtype's minimum). Additive works for both the
-    eager and the SDPA attention of Hugging Face models, which take a 4D mask as it is."""
+    eager and the SDPA attention of Hugging Face models, which take a 4D mask as it is. With
+    `window`, a sliding-window layer's: keys `window` or more positions behind a row's are masked too."""
     seen = torch.cat([torch.ones(1 + len(tree.tokens), prefix, dtype=torch.bool), tree.visible()], dim=1)
+    if window is not None:
+        rows = prefix + torch.tensor([0, *tree.depths])
+        seen &= torch.cat([torch.arange(prefix), rows])[None, :] > rows[:, None] - window
     return torch.zeros(seen.shape, dtype=dtype).masked_fill(~seen, torch.finfo(dtype).min)[None, None].to(device)
+
+
+def tree_masks(config, tree: DraftTree, prefix: int, dtype: torch.dtype, device: torch.device | str):
+    """The target's mask for a tree forward: one mask, or for a model with sliding-window layers
+    (Gemma-3) one per layer type, as such a model takes them."""
+    if "sliding_attention" not in (getattr(config, "layer_types", None) or ()):
+        return tree_mask(tree, prefix, dtype, device)
+    return {"full_attention": tree_mask(tree, prefix, dtype, device),
+            "sliding_attention": tree_mask(tree, prefix, dtype, device, window=config.sliding_window)}
 
 
 def walk_greedy(tree: DraftTree, lm_head, hidden: torch.Tensor) -> tuple[list[int], int]:
@@ -163,7 +177,7 @@ def verify_tree(target, cache, tree: DraftTree, last: int, logits: bool = True):
     prefix, device = cache.get_seq_length(), target.device
     forward = target if logits else target.get_decoder()
     layout = {} if tree.is_chain() else {
-        "attention_mask": tree_mask(tree, prefix, target.dtype, device),
+        "attention_mask": tree_masks(target.config, tree, prefix, target.dtype, device),
         "position_ids": prefix + torch.tensor([[0, *tree.depths]], device=device)}
     return forward(input_ids=torch.tensor([[last, *tree.tokens]], device=device), cache=cache,
                    output_hidden_states=True, use_cache=True, **layout)
