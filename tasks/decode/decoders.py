@@ -31,13 +31,15 @@ def baseline(target, max_new_tokens: int, eos: int | None, temperature: float) -
 def drafted(name: str, target, head, *, max_new_tokens: int, depth: int, eos: int | None, temperature: float,
             generator: torch.Generator, tree: TreeShape):
     """decode(prompt, stopwatch) of one of layerwave's drafting decoders: lookup, chain, tree,
-    hybrid, or `chain D` / `hybrid D` (at head depth D, as `auto` names them)."""
+    hybrid, or `chain D` / `hybrid D` (at head depth D) / `lookup N` (up to N copied tokens), as
+    `auto` names them."""
     kind, _, at_depth = name.partition(" ")
     head_depth = int(at_depth) if at_depth else depth
 
     def decode(prompt: list[int], stopwatch=NO_STOPWATCH):
         if kind == "lookup":
-            drafter, layers, draft_depth = LookupDrafter(prompt[0], target.config.vocab_size), [], LOOKUP_TOKENS
+            drafter, layers = LookupDrafter(prompt[0], target.config.vocab_size), []
+            draft_depth = int(at_depth) if at_depth else LOOKUP_TOKENS  # `lookup N`: up to N copied tokens
         else:
             drafter = HybridDrafter(head, prompt[0], stopwatch) if kind == "hybrid" else HeadDrafter(head, stopwatch)
             layers, draft_depth = head.config.layers, head_depth
