@@ -10,8 +10,9 @@ held-out accuracy over all reply positions per TTT step, and τ_offline of a dep
 baseline row is `quick` as it was when training in float32 was all there was (TTT 3, loss on
 replies only, batch 1, lr 1e-3, draft vocabulary counted on input tokens); the later rows add
 bfloat16 autocast (float32 master weights), then today's `quick` in float32 and at `--precision
-auto` (bfloat16 where native), then `quick` with half the draft vocabulary. Also timed: the target forward with output_hidden_states over the same windows, the
-cost per token an online trainer pays on top.
+auto` (bfloat16 where native), then `quick` with half the draft vocabulary. Also timed: the
+target forward with output_hidden_states over the same windows, the cost per token an online
+trainer pays on top.
 """
 
 from __future__ import annotations
@@ -106,7 +107,7 @@ def main() -> None:
               "token_passes_per_epoch": per_epoch, "torch_threads": torch.get_num_threads(),
               "recipes": rows, "target_forward_tokens_per_s": online,
               "speedup_vs_float32": {row["recipe"]: row["token_passes_per_s"] / rows[0]["token_passes_per_s"]
-                                   for row in rows}}
+                                     for row in rows}}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
     print(f"wrote {args.out}")

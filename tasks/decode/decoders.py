@@ -33,16 +33,15 @@ def drafted(name: str, target, head, *, max_new_tokens: int, depth: int, eos: in
     """decode(prompt, stopwatch) of one of layerwave's drafting decoders: lookup, chain, tree,
     hybrid, or `chain D` / `hybrid D` (at head depth D) / `lookup N` (up to N copied tokens), as
     `auto` names them."""
-    kind, _, at_depth = name.partition(" ")
-    head_depth = int(at_depth) if at_depth else depth
+    kind, _, size = name.partition(" ")
+    draft_depth = int(size) if size else LOOKUP_TOKENS if kind == "lookup" else depth
 
     def decode(prompt: list[int], stopwatch=NO_STOPWATCH):
         if kind == "lookup":
             drafter, layers = LookupDrafter(prompt[0], target.config.vocab_size), []
-            draft_depth = int(at_depth) if at_depth else LOOKUP_TOKENS  # `lookup N`: up to N copied tokens
         else:
             drafter = HybridDrafter(head, prompt[0], stopwatch) if kind == "hybrid" else HeadDrafter(head, stopwatch)
-            layers, draft_depth = head.config.layers, head_depth
+            layers = head.config.layers
         return speculative_generate(target, layers, drafter, prompt, max_new_tokens, draft_depth, eos, temperature,
                                     generator, tree if kind == "tree" else None, stopwatch)
     return decode

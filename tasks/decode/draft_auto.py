@@ -7,9 +7,8 @@ offline τ's acceptance per position), in one round of measured seconds; the bes
 the depth D. Then the candidates decode the same calibration prompt, and each contributes the τ
 it reaches there and its measured round time: the chain and hybrid at depth D, the tree and the
 context's copy (`lookup`, and `lookup 32` copying up to 32 tokens); the target alone emits one
-token per plain step. Acceptance of the
-copy depends on the text, so no offline profile predicts it, and measuring every candidate on
-the same prompt keeps the comparison fair (the offline profile, from the training
+token per plain step. Acceptance of the copy depends on the text, so no offline profile predicts
+it, and measuring every candidate on the same prompt keeps the comparison fair (the offline profile, from the training
 distribution, runs above real prompts' acceptance). The choice is the largest ratio (EAGLE-2's
 idea of letting acceptance shape the draft, driven here by measured cost), so a head too weak to
 pay for its rounds decodes with the target alone instead of slowing it down.
@@ -25,8 +24,8 @@ from tasks.decode.stopwatch import Stopwatch
 
 CALIBRATION_ROUNDS = 12  # rounds timed per chain depth
 # The copy also runs at this length: on text that loops (Gemma-3's replies) copies of 8 tokens are
-# accepted whole in half the rounds, and verifying 33 tokens costs about what 9 do in bfloat16
-# (benchmarks/README.md, Gemma-3-270M).
+# accepted whole in half the rounds, and in bfloat16 a wider verify costs little (17 tokens 1.1x
+# one on Gemma-3-270M; benchmarks/README.md).
 LONG_COPY_TOKENS = 32
 TARGET = "target"  # the candidate that decodes with the target alone
 

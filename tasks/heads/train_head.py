@@ -216,7 +216,8 @@ def train(store: str, model_key: str, layers: list[int], out: Path, config: Trai
     index = target_to_draft(head.t2d)
     weights = [0.8 ** i for i in range(config.ttt_steps)]
     warmup_steps = round(config.ttt_warmup * total)
-    started, tokens, first_step, evaluated = time.perf_counter(), 0, step, 0.0  # evaluated: seconds of held-out evaluation
+    started, tokens, first_step = time.perf_counter(), 0, step
+    evaluated = 0.0  # seconds of held-out evaluation, left out of the training rate
     progress_every = max(1, math.ceil(total / 10))  # a resume point
     last_line = started
 
