@@ -15,8 +15,10 @@ from prefect.artifacts import create_progress_artifact, update_progress_artifact
 
 from store.lock import setup_lock, writer_lock
 from tasks.extract.extract import committed_shards, extract_shard, finalize_store, prepare_store, windowed
+from tasks.data.load_model import pick_device
 from tasks.extract.request import ExtractRequest
 from tasks.names import DEFAULT_MODEL, DEFAULT_STORE
+from tasks.precision import emulated_bfloat16_warning
 from tasks.request import checked
 
 
@@ -47,6 +49,8 @@ def extract(
                                         layers, topk, tokens_per_chunk, chunks_per_shard, batch_tokens, overwrite,
                                         workers, part))
     request, (index, count) = extraction.request, extraction.part
+    if warning := emulated_bfloat16_warning(dtype, pick_device(device)):
+        logger.warning(warning)
     with writer_lock(store, extraction.model_key, (index, count)):
         with setup_lock(store, extraction.model_key):
             plan = prepare_store(request)

@@ -20,6 +20,7 @@ from tasks.data.generate_request import GenerateRequest
 from tasks.data.regen_corpus import committed_shards
 from tasks.data.registry import resolve
 from tasks.names import DEFAULT_MODEL, DEFAULT_STORE
+from tasks.precision import emulated_bfloat16_warning
 from tasks.progress import GenerationMeter
 from tasks.request import checked
 
@@ -38,6 +39,8 @@ def generate(model: str = DEFAULT_MODEL, source: str = "sharegpt", out: str | No
     out, key = request.out, resolve(model).key
     with writer_lock(out, key, WHOLE, activity="generation"):
         loaded = load_model.load(model, device, dtype)
+        if warning := emulated_bfloat16_warning(dtype, loaded.device):
+            logger.warning(warning)
         check_chat_template(loaded.tokenizer, model)
         conversations = load_corpus(source)
         compute_dtype = str(loaded.model.dtype).removeprefix("torch.")

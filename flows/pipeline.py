@@ -86,8 +86,8 @@ def extract_once(run: Run) -> None:
         generate(model=model, source=SOURCE, out=run.corpus.removeprefix("regen:"), tokens=p.generate_tokens,
                  max_new_tokens=p.generate_max_new_tokens, turns=p.generate_turns,
                  max_prompt_tokens=p.generate_max_prompt_tokens, batch_size=p.generate_batch_size,
-                 shard_size=p.generate_shard_size, dtype=p.dtype)
-    extract(model=model, corpus=run.corpus, tokens=p.tokens, max_length=p.max_length, store=store, dtype=p.dtype)
+                 shard_size=p.generate_shard_size, dtype=run.dtype)
+    extract(model=model, corpus=run.corpus, tokens=p.tokens, max_length=p.max_length, store=store, dtype=run.dtype)
 
 
 def extract_training_store(run: Run, layers: list[int]) -> None:
@@ -100,4 +100,4 @@ def extract_training_store(run: Run, layers: list[int]) -> None:
     get_run_logger().info(stage_line("extract", f"layers {layers} over {p.training_tokens} tokens into {store}, "
                                                 "for training"))
     extract(model=run.request.model, corpus=run.corpus, tokens=p.training_tokens, max_length=p.max_length,
-            store=store, layers=layers, overwrite=True, dtype=p.dtype)
+            store=store, layers=layers, overwrite=True, dtype=run.dtype)

@@ -62,14 +62,19 @@ class PipelinePreset:
     # same corpus: a larger budget than the all-layer analysis store's at a fraction of its bytes per
     # token. None: heads train on the analysis store.
     training_tokens: int | None = None
-    # Compute dtype of generation and extraction (`layerwave generate/extract --dtype`). bfloat16 runs
-    # them 1.5-2x faster on a CPU with avx512_bf16; the corpus and the states are then the bfloat16
-    # model's. auto: the checkpoint's.
-    dtype: str = "auto"
+    # Generate and extract in bfloat16 where the device computes it natively (1.5-2x faster on a CPU
+    # with avx512_bf16; the corpus and the states are then the bfloat16 model's). Elsewhere bfloat16
+    # is emulated, many times slower, and the checkpoint's dtype is used instead.
+    bfloat16_data: bool = False
     # The target's precision when heads are scored by real decoding (`layerwave evaluate
     # --precision`): auto is bfloat16 where native, what a user runs; float32 checks every output
     # token for token (the tiny model's presets, where bfloat16 only adds overhead).
     precision: str = "auto"
+
+    def data_dtype(self, device) -> str:
+        """`generate`/`extract --dtype` on `device` (a torch.device)."""
+        from tasks.precision import bf16_native
+        return "bfloat16" if self.bfloat16_data and bf16_native(device) else "auto"
 
     def training_store(self, store: str) -> str:
         """The store heads train on: the training store beside `store`, or `store` itself."""
@@ -104,7 +109,7 @@ PIPELINE_PRESETS = {
         store="layerwave-scale.zarr", tokens=50000, max_length=2048, entropy_quantile=0.5, n_random=1,
         candidates=1, train_preset="quick", epochs=1, seeds=(0,), benches=("mt-bench",), prompts=40,
         max_new_tokens=128, depth=4, generate_tokens=1_000_000, generate_batch_size=64, generate_shard_size=256,
-        training_tokens=1_500_000, dtype="bfloat16"),
+        training_tokens=1_500_000, bfloat16_data=True),
 }
 
 

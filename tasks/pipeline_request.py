@@ -99,3 +99,9 @@ class Run:
     def training_store(self) -> str:
         """What heads train on: the store itself, or the preset's store of the candidates' layers."""
         return self.preset.training_store(self.store)
+
+    @property
+    def dtype(self) -> str:
+        """Compute dtype of generation and extraction on this machine (the preset's `data_dtype`)."""
+        from tasks.data.load_model import pick_device
+        return self.preset.data_dtype(pick_device("auto"))

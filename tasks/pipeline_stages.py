@@ -44,7 +44,7 @@ def extraction_current(run: Run, store: str, tokens: int, layers: list[int] | No
     return bool(attrs.get("complete")) and attrs.get("model", {}).get("argument") == run.request.model and (
         stored.get("spec"), stored.get("tokens_requested"), stored.get("max_length"), stored.get("seed"),
         attrs.get("layout", {}).get("layers"), attrs.get("extraction", {}).get("dtype", "auto")) == (
-        run.corpus, tokens, run.preset.max_length, 0, layers, run.preset.dtype)
+        run.corpus, tokens, run.preset.max_length, 0, layers, run.dtype)
 
 
 def training_layers(candidates: list[Candidate], p: PipelinePreset) -> list[int]:

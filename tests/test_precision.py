@@ -84,3 +84,18 @@ def test_generation_and_extraction_in_bfloat16_say_so(tmp_path, prefect_api):
     extract(**extract_options(store, corpora["bfloat16"], tokens=400, dtype="bfloat16"))
     attrs = open_activations(str(store), TINY).attrs
     assert attrs["model"]["compute_dtype"] == "bfloat16" and attrs["extraction"]["dtype"] == "bfloat16"
+
+
+def test_data_stages_choose_bfloat16_only_where_native_and_warn_when_asked_elsewhere(monkeypatch):
+    """The `scale` preset generates and extracts in bfloat16 only where it is native: emulated, a
+    CPU without avx512_bf16 multiplies bfloat16 matrices about 100x slower than float32."""
+    from tasks.pipeline_presets import pipeline_preset
+
+    scale, quick = pipeline_preset("scale"), pipeline_preset("quick")
+    monkeypatch.setattr(precision, "bf16_native", lambda device: True)
+    assert (scale.data_dtype(CPU), quick.data_dtype(CPU)) == ("bfloat16", "auto")
+    assert precision.emulated_bfloat16_warning("bfloat16", CPU) is None
+    monkeypatch.setattr(precision, "bf16_native", lambda device: False)
+    assert (scale.data_dtype(CPU), quick.data_dtype(CPU)) == ("auto", "auto")
+    assert "--dtype bfloat16: this cpu has no native bfloat16" in precision.emulated_bfloat16_warning("bfloat16", CPU)
+    assert precision.emulated_bfloat16_warning("float32", CPU) is None
