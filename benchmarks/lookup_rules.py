@@ -1,15 +1,25 @@
-"""Which copy rule drafts the context best: τ of lookup rules replayed along the target's greedy replies.
+"""Which copy rule drafts the context best: copy rules replayed along the target's greedy replies.
 
     python benchmarks/lookup_rules.py [--model smollm2-135m] [--prompts 80] [--max-new-tokens 128]
+                                      [--priced-as benchmarks/out/evaluate.json]
                                       [--out benchmarks/out/lookup_rules.json]
 
 Greedy speculative decoding emits the target's greedy reply whatever drafts it, and a round
-accepts a copied draft exactly as far as it equals the reply's next tokens. So the τ of a copy
-rule is a function of the prompt and the reply alone: the replies are generated once (continuously
-batched, in the precision decoding uses), and every rule is replayed along them, without the target. The baseline is
-Hugging Face's prompt lookup (its 2-gram, else 1-gram, at the earliest occurrence, 10 tokens),
-replayed the same way. Prints τ per rule and bench with a bootstrap 95% interval over prompts;
-writes JSON.
+accepts a copied draft exactly as far as it equals the reply's next tokens. So what a copy rule
+buys is a function of the prompt and the reply alone: the replies are generated once
+(continuously batched, in the precision decoding uses; kept under benchmarks/work/), and every
+rule is replayed along them without the target. The baseline is Hugging Face's prompt lookup (the
+last 2-gram, else 1-gram, at its earliest occurrence; 10 tokens), replayed the same way. Each
+rule matches the longest suffix of up to 4 tokens down to its shortest (2-gram or 1-gram) at its
+most recent occurrence, and copies a fixed length or one that starts short and doubles after
+each copy accepted whole (tasks/decode/context_lookup.py).
+
+A wider verify costs more, so each round is also priced: the target's forward over 1 + drafted
+tokens after 256 cached tokens, measured here, in plain steps (a forward over 1). The estimate
+of the speed-up is reply tokens / Σ round prices: it leaves out what every rule pays alike (the
+lm_head rows, Python), so it ranks rules rather than predicting a decoder's speed. Prints τ
+(reply tokens per round, pooled over prompts, with a bootstrap 95% interval), drafted tokens per
+round and the estimate per rule and bench; writes JSON.
 """
 
 from __future__ import annotations
@@ -20,62 +30,110 @@ from pathlib import Path
 
 import numpy as np
 
+from evaluate import verify_seconds
 from tasks.data import load_model
 from tasks.data.continuous_batching import generate_continuous
 from tasks.data.prompts import first_turns, fitting_prompts
 from tasks.decode.context_lookup import ContextLookup
 from tasks.precision import resolve_precision
 
-RULES = {  # name: ContextLookup(min_ngram, max_ngram, max_tokens)
-    "2-4 gram, 8 tokens (today)": (2, 4, 8),
-    "1-4 gram, 8 tokens": (1, 4, 8),
-    "2-8 gram, 8 tokens": (2, 8, 8),
-    "3-8 gram, 8 tokens": (3, 8, 8),
-    "2-4 gram, 16 tokens": (2, 4, 16),
-    "2-4 gram, 32 tokens": (2, 4, 32),
-    "1-8 gram, 16 tokens": (1, 8, 16),
-    "2-8 gram, 16 tokens": (2, 8, 16),
+WIDTHS = (1, 2, 3, 5, 9, 17, 33)  # verified tokens whose forward is timed; others interpolated
+
+
+class HuggingFaceRule:
+    """`prompt_lookup_num_tokens`: the earliest earlier occurrence of the last 2-gram (else
+    1-gram) and up to 10 tokens after it, never past the context's end."""
+
+    def __init__(self, max_tokens: int = 10, max_ngram: int = 2):
+        self.tokens: list[int] = []
+        self.max_tokens, self.max_ngram = max_tokens, max_ngram
+
+    def extend(self, tokens: list[int]) -> None:
+        self.tokens += tokens
+
+    def propose(self) -> list[int]:
+        context = self.tokens
+        for n in range(self.max_ngram, 0, -1):
+            suffix = context[-n:]
+            for start in range(len(context) - n):
+                if context[start:start + n] == suffix:
+                    return context[start + n:start + n + self.max_tokens]
+        return []
+
+
+def rule(min_ngram: int, first: int, most: int):
+    """A fresh ContextLookup whose copies start `first` tokens long and grow to `most` (fixed when equal)."""
+    return lambda: ContextLookup([], min_ngram, 4, most, first)
+
+
+RULES = {  # name: a fresh rule (propose(), extend(tokens)) per reply
+    "Hugging Face prompt lookup": HuggingFaceRule,
+    "2-gram, 8 tokens (before)": rule(2, 8, 8),
+    "1-gram, 8 tokens": rule(1, 8, 8),
+    "2-gram, 4 tokens": rule(2, 4, 4),
+    "1-gram, 4 tokens": rule(1, 4, 4),
+    "2-gram, 16 tokens": rule(2, 16, 16),
+    "2-gram, 32 tokens": rule(2, 32, 32),
+    "1-gram, 16 tokens": rule(1, 16, 16),
+    "2-gram, 4 growing to 32": rule(2, 4, 32),
+    "1-gram, 4 growing to 32": rule(1, 4, 32),
+    "2-gram, 8 growing to 32": rule(2, 8, 32),
+    "1-gram, 8 growing to 32": rule(1, 8, 32),
+    "1-gram, 2 growing to 32": rule(1, 2, 32),
 }
 
 
-def hf_prompt_lookup(context: list[int], max_tokens: int = 10, max_ngram: int = 2) -> list[int]:
-    """Hugging Face's `prompt_lookup_num_tokens` rule: the earliest earlier occurrence of the last
-    2-gram (else 1-gram) and up to `max_tokens` tokens after it, never past the context's end."""
-    for n in range(max_ngram, 0, -1):
-        suffix = context[-n:]
-        for start in range(len(context) - n):
-            if context[start:start + n] == suffix:
-                return context[start + n:start + n + max_tokens]
-    return []
-
-
-def replayed_tau(prompt: list[int], reply: list[int], propose, extend) -> float:
-    """τ of a copy rule along `reply`: the prefill gives the first token, then each round commits
-    the accepted drafts and the target's own next token."""
-    extend(prompt + reply[:1])
-    position, rounds = 1, 0
+def replayed_rounds(prompt: list[int], reply: list[int], rule) -> list[tuple[int, int]]:
+    """(drafted, accepted) of each round along `reply`: the prefill gives the first token, then
+    each round commits the accepted drafts and the target's own next token."""
+    rule.extend(prompt + reply[:1])
+    position, rounds = 1, []
     while position < len(reply):
-        drafts = propose()[:len(reply) - position - 1]
+        drafts = rule.propose()[:len(reply) - position - 1]
         accepted = 0
         while accepted < len(drafts) and drafts[accepted] == reply[position + accepted]:
             accepted += 1
-        extend(reply[position:position + accepted + 1])
+        rule.extend(reply[position:position + accepted + 1])
         position += accepted + 1
-        rounds += 1
-    return (len(reply) - 1) / rounds if rounds else 1.0
+        rounds.append((len(drafts), accepted))
+    return rounds
 
 
-def rule_tau(rule: tuple[int, int, int] | str, prompt: list[int], reply: list[int]) -> float:
-    if rule == "hf":
-        context: list[int] = []
-        return replayed_tau(prompt, reply, lambda: hf_prompt_lookup(context), context.extend)
-    lookup = ContextLookup([], *rule)
-    return replayed_tau(prompt, reply, lookup.propose, lookup.extend)
+def price(seconds: dict[int, float]):
+    """Plain steps a round that verifies `width` tokens costs: interpolated between timed widths,
+    and beyond the widest at the slope of a line fitted through all of them."""
+    widths = np.array(sorted(seconds), dtype=float)
+    steps = np.array([seconds[w] / seconds[1] for w in sorted(seconds)])
+    slope = np.polyfit(widths, steps, 1)[0]
+    return lambda width: float(np.interp(width, widths, steps) + max(0.0, width - widths[-1]) * slope)
 
 
-def mean_ci95(values: np.ndarray, seed: int = 0, resamples: int = 2000) -> tuple[float, list[float]]:
-    means = np.random.default_rng(seed).choice(values, (resamples, len(values))).mean(axis=1)
-    return float(values.mean()), [float(np.percentile(means, 2.5)), float(np.percentile(means, 97.5))]
+def summary(per_reply: list[list[tuple[int, int]]], costs: dict, seed: int = 0, resamples: int = 2000) -> dict:
+    """Pooled τ with its bootstrap interval over replies, drafted tokens per round, and the
+    speed-up estimate under each of `costs` (reply tokens after the first / Σ round prices)."""
+    tokens = np.array([sum(a + 1 for _, a in rounds) for rounds in per_reply], dtype=float)
+    counts = np.array([len(rounds) for rounds in per_reply], dtype=float)
+    drafted = np.array([sum(d for d, _ in rounds) for rounds in per_reply], dtype=float)
+    picks = np.random.default_rng(seed).integers(0, len(tokens), (resamples, len(tokens)))
+    taus = tokens[picks].sum(1) / counts[picks].sum(1)
+    return {"tau": tokens.sum() / counts.sum(), "tau_ci95": [float(np.percentile(taus, 2.5)),
+                                                             float(np.percentile(taus, 97.5))],
+            "drafted_per_round": drafted.sum() / counts.sum(),
+            "estimated_speedup": {name: tokens.sum() / sum(cost(d + 1) for rounds in per_reply for d, _ in rounds)
+                                  for name, cost in costs.items()}}
+
+
+def greedy_replies(loaded, bench: str, count: int, max_new_tokens: int, cache: Path) -> tuple[list, list]:
+    """The prompts and the target's greedy replies, generated once and kept in `cache`."""
+    if cache.is_file():
+        kept = json.loads(cache.read_text())
+        return kept["prompts"], kept["replies"]
+    prompts = fitting_prompts(loaded.tokenizer, first_turns(bench, None), loaded.model.config.max_position_embeddings,
+                              max_new_tokens, count)
+    replies = generate_continuous(loaded.model, prompts, max_new_tokens, loaded.tokenizer.eos_token_id, 0.0, 32)
+    cache.parent.mkdir(parents=True, exist_ok=True)
+    cache.write_text(json.dumps({"prompts": prompts, "replies": replies}))
+    return prompts, replies
 
 
 def main() -> None:
@@ -83,24 +141,33 @@ def main() -> None:
     parser.add_argument("--model", default="smollm2-135m")
     parser.add_argument("--prompts", type=int, default=80)
     parser.add_argument("--max-new-tokens", type=int, default=128)
+    parser.add_argument("--priced-as", help="also price rounds with the verify_seconds an evaluate.py JSON recorded "
+                                            "(each precision there), e.g. bfloat16 on a CPU that has it")
     parser.add_argument("--out", default="benchmarks/out/lookup_rules.json")
     args = parser.parse_args()
     dtype = resolve_precision("auto", load_model.pick_device("cpu"))  # bfloat16 where native, as decoding runs
     loaded = load_model.load(args.model, "cpu", dtype)
-    eos = loaded.tokenizer.eos_token_id
-    max_positions = loaded.model.config.max_position_embeddings
+    seconds = {f"{dtype} here": verify_seconds(loaded.model, list(WIDTHS))}
+    if args.priced_as:
+        recorded = json.loads(Path(args.priced_as).read_text())["verify_seconds"]
+        seconds |= {f"{precision} recorded": {int(w): s for w, s in timed.items()} for precision, timed in recorded.items()}
+    costs = {name: price(timed) for name, timed in seconds.items()}
+    for name, cost in costs.items():
+        print(f"{name}: target forward after 256 cached tokens, in plain steps: "
+              + ", ".join(f"{w}: {cost(w):.2f}" for w in WIDTHS), flush=True)
     result = {"model": args.model, "dtype": dtype, "prompts": args.prompts, "max_new_tokens": args.max_new_tokens,
-              "benches": {}}
+              "verify_seconds": {name: {str(w): s for w, s in timed.items()} for name, timed in seconds.items()},
+              "priced_as": args.priced_as, "benches": {}}
     for bench in ("mt-bench", "sharegpt"):
-        prompts = fitting_prompts(loaded.tokenizer, first_turns(bench, None), max_positions, args.max_new_tokens,
-                                  args.prompts)
-        replies = generate_continuous(loaded.model, prompts, args.max_new_tokens, eos, 0.0, 32)
+        cache = Path("benchmarks/work") / f"lookup_rules-{args.model}-{dtype}-{bench}-{args.prompts}x{args.max_new_tokens}.json"
+        prompts, replies = greedy_replies(loaded, bench, args.prompts, args.max_new_tokens, cache)
         rows = {}
-        for name, rule in [("Hugging Face prompt lookup (2-gram, earliest, 10 tokens)", "hf"), *RULES.items()]:
-            taus = np.array([rule_tau(rule, prompt, reply) for prompt, reply in zip(prompts, replies)])
-            tau, interval = mean_ci95(taus)
-            rows[name] = {"rule": rule, "tau": tau, "ci95": interval}
-            print(f"{bench:9s} {name:58s} τ {tau:.3f} ({interval[0]:.3f}–{interval[1]:.3f})", flush=True)
+        for name, rule in RULES.items():
+            rows[name] = summary([replayed_rounds(p, r, rule()) for p, r in zip(prompts, replies)], costs)
+            row = rows[name]
+            print(f"{bench:9s} {name:30s} τ {row['tau']:.3f} ({row['tau_ci95'][0]:.3f}–{row['tau_ci95'][1]:.3f}), "
+                  f"{row['drafted_per_round']:.1f} drafted a round, estimate "
+                  + ", ".join(f"{x:.2f}x ({name})" for name, x in row["estimated_speedup"].items()), flush=True)
         result["benches"][bench] = {"prompts": len(prompts), "reply_tokens": sum(map(len, replies)), "rules": rows}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=2) + "\n")

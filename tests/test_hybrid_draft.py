@@ -25,13 +25,27 @@ from tests.test_tree_decode import chi_square
 
 
 def test_lookup_continues_the_longest_suffix_at_its_most_recent_occurrence():
-    lookup = ContextLookup([1, 2, 3, 9, 2, 3, 7, 8, 5, 1, 2, 3], min_ngram=2, max_ngram=3, max_tokens=3)
+    lookup = ContextLookup([1, 2, 3, 9, 2, 3, 7, 8, 5, 1, 2, 3], min_ngram=2, max_ngram=3, max_tokens=8,
+                           first_tokens=3)
     assert lookup.propose() == [9, 2, 3]  # "1 2 3" (3 tokens) beats the more recent "2 3"
     lookup.extend([4])
     assert lookup.propose() == []  # "3 4" and "2 3 4" never occurred
     lookup.extend([2, 3])
-    assert lookup.propose(2) == [4, 2]  # "4 2 3" occurred just before: a loop of period 3
-    assert lookup.propose(7) == [4, 2, 3, 4, 2, 3, 4]  # the copy runs on into its own drafts
+    assert lookup.propose() == [4, 2, 3]  # "4 2 3" occurred just before: a loop of period 3
+
+
+def test_a_copy_doubles_after_it_is_accepted_whole_and_starts_short_after_a_rejection():
+    lookup = ContextLookup([7, 4, 2, 3, 4, 2, 3], max_tokens=8, first_tokens=3)
+    assert lookup.propose() == [4, 2, 3]
+    lookup.extend([4, 2, 3, 4])  # the copy and the target's own next token
+    assert lookup.propose() == [2, 3, 4, 2, 3, 4]  # the copy runs on into its own drafts
+    lookup.extend([2, 3, 4, 2, 3, 4, 2])
+    assert lookup.length == 8  # at most max_tokens
+    assert lookup.propose() == [3, 4, 2, 3, 4, 2, 3, 4]
+    lookup.extend([3, 4, 9])  # rejected at its third token
+    assert lookup.length == 3
+    lookup.extend([5])  # no copy proposed: the length stays
+    assert lookup.length == 3 and lookup.propose() == []
 
 
 def test_the_index_built_token_by_token_equals_one_built_at_once():

@@ -13,7 +13,7 @@ from flows.cli import main
 from tasks.decode.context_lookup import LOOKUP_TOKENS
 from tasks.decode.spec_decode import HeadDrafter, HybridDrafter, LookupDrafter, speculative_generate
 from tasks.heads.export_head import load_exported
-from tasks.heads.offline_tau import (DRAFTS, Reply, lookup_matches, replies_in, simulate_documents, simulate_rounds,
+from tasks.heads.offline_tau import (DRAFTS, Reply, replies_in, simulate_documents, simulate_rounds,
                                      whole_first_reply)
 from tasks.heads.train_data import StoreBatches
 from tests.conftest import GENERATION, LAYERS, TINY
@@ -49,14 +49,13 @@ def test_simulated_rounds_equal_real_decoding_round_by_round(regen, tiny, drafts
 
 
 def test_lookup_copies_the_continuation_of_the_latest_match():
-    """Hand-checked: after "5 6 7 … 5 6" the copy is "7 8", the continuation last time."""
+    """Hand-checked: after "5 6 7 … 5 6" the copy is "7 8 2 5", the continuation last time."""
     token_id = np.array([1, 5, 6, 7, 8, 2, 5, 6, 7, 9])
-    matches = lookup_matches(token_id, depth=2)
-    # the round whose last token is 6 (position 7, pair 6) copies 7 8: 7 is right, 8 is not (9)
-    assert matches[:, 6].tolist() == [True, False]
-    assert not matches[:, :5].any()  # "1 5 6 7 8" repeats nothing before position 6
-    assert simulate_rounds([matches], Reply(6, 10)) == [1, 2]
-    assert simulate_rounds([matches, np.ones_like(matches)], Reply(6, 10)) == [3]  # the longer branch counts
+    # the first round (last token 5) finds no earlier "2 5"; the second (last token 6) copies 7 8 …:
+    # 7 is right, 8 is not (9)
+    assert simulate_rounds([], Reply(6, 10), copied_from=token_id) == [1, 2]
+    head = np.ones((2, len(token_id)), dtype=bool)  # a head branch whose drafts are all right
+    assert simulate_rounds([head], Reply(6, 10), copied_from=token_id) == [3]  # the longer branch counts
 
 
 def test_offline_and_heldout_evaluations_agree_through_the_cli(regen, tmp_path):

@@ -18,6 +18,7 @@ from tasks.decode.side_by_side import Decoder
 from tasks.decode.spec_decode import HeadDrafter, HybridDrafter, LookupDrafter, plain_generate, speculative_generate
 from tasks.decode.stopwatch import NO_STOPWATCH
 from tasks.decode.tree_shape import TreeShape
+from tasks.precision import bf16_native
 
 COMPARED = ("prompt-lookup", "lookup", "chain", "tree", "hybrid", "auto")  # --compare: each beside the target
 HEADLESS = ("lookup",)  # decoders that need no head
@@ -31,20 +32,32 @@ def baseline(target, max_new_tokens: int, eos: int | None, temperature: float) -
 def drafted(name: str, target, head, *, max_new_tokens: int, depth: int, eos: int | None, temperature: float,
             generator: torch.Generator, tree: TreeShape):
     """decode(prompt, stopwatch) of one of layerwave's drafting decoders: lookup, chain, tree,
-    hybrid, or `chain D` / `hybrid D` (at head depth D) / `lookup N` (up to N copied tokens), as
-    `auto` names them."""
+    hybrid, or `chain D` / `hybrid D` (at head depth D) as `auto` names them, or `lookup N`
+    (copies of up to N tokens)."""
     kind, _, size = name.partition(" ")
     draft_depth = int(size) if size else LOOKUP_TOKENS if kind == "lookup" else depth
+    min_ngram = copy_min_ngram(target)
 
     def decode(prompt: list[int], stopwatch=NO_STOPWATCH):
         if kind == "lookup":
-            drafter, layers = LookupDrafter(prompt[0], target.config.vocab_size), []
+            drafter, layers = LookupDrafter(prompt[0], target.config.vocab_size, draft_depth, min_ngram), []
         else:
-            drafter = HybridDrafter(head, prompt[0], stopwatch) if kind == "hybrid" else HeadDrafter(head, stopwatch)
+            drafter = (HybridDrafter(head, prompt[0], stopwatch, min_ngram) if kind == "hybrid"
+                       else HeadDrafter(head, stopwatch))
             layers = head.config.layers
         return speculative_generate(target, layers, drafter, prompt, max_new_tokens, draft_depth, eos, temperature,
                                     generator, tree if kind == "tree" else None, stopwatch)
     return decode
+
+
+def copy_min_ngram(target) -> int:
+    """The shortest suffix the context's copy matches: a single token where a wider verify forward
+    costs little (CUDA; bfloat16 on a CPU that has it: 17 tokens 1.2 plain steps), so that its
+    more frequent, less certain copies pay; two where each verified token costs (float32 on a
+    CPU: 5 tokens 1.6 plain steps). Replayed on SmolLM2, the single-token match raised τ by 8%
+    and cost more than it brought in float32 (benchmarks/README.md, lookup_rules.py)."""
+    cheap = target.device.type == "cuda" or (target.dtype == torch.bfloat16 and bf16_native(target.device))
+    return 1 if cheap else 2
 
 
 def decoder(name: str, target, head, *, auto_choice: str | None = None, **options) -> Decoder:

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 import torch
 from transformers import DynamicCache
 
-from tasks.decode.context_lookup import ContextLookup
+from tasks.decode.context_lookup import LOOKUP_TOKENS, ContextLookup
 from tasks.decode.stopwatch import NO_STOPWATCH, Stopwatch
 from tasks.decode.target_choices import TargetChoices
 from tasks.decode.tree_decode import DraftTree, draft_tree, tree_round
@@ -84,8 +84,8 @@ class LookupDrafter:
 
     drafts_trees = False
 
-    def __init__(self, first_token: int, vocab_size: int):
-        self.lookup = ContextLookup([first_token])  # observe brings the rest
+    def __init__(self, first_token: int, vocab_size: int, max_tokens: int = LOOKUP_TOKENS, min_ngram: int = 2):
+        self.lookup = ContextLookup([first_token], min_ngram, max_tokens=max_tokens)  # observe brings the rest
         self.vocab_size = vocab_size
 
     def observe(self, aux: torch.Tensor, next_tokens: torch.Tensor) -> None:
@@ -93,7 +93,7 @@ class LookupDrafter:
 
     def propose(self, depth: int, temperature: float = 0.0, generator=None) -> tuple[list[int], list]:
         """Up to `depth` copied tokens (none where the context never ended this way before)."""
-        drafts = self.lookup.propose(depth)
+        drafts = self.lookup.propose()[:depth]
         certain = [] if temperature == 0 else [torch.zeros(self.vocab_size).index_fill_(0, torch.tensor(token), 1.0)
                                                for token in drafts]
         return drafts, certain
@@ -107,9 +107,9 @@ class HybridDrafter(HeadDrafter):
 
     drafts_trees = True
 
-    def __init__(self, head: DraftHead, first_token: int, stopwatch: Stopwatch = NO_STOPWATCH):
+    def __init__(self, head: DraftHead, first_token: int, stopwatch: Stopwatch = NO_STOPWATCH, min_ngram: int = 2):
         super().__init__(head, stopwatch)
-        self.lookup = ContextLookup([first_token])  # observe brings the rest
+        self.lookup = ContextLookup([first_token], min_ngram)  # observe brings the rest
 
     def observe(self, aux: torch.Tensor, next_tokens: torch.Tensor) -> None:
         super().observe(aux, next_tokens)

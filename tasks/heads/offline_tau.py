@@ -12,9 +12,11 @@ tokens, so teacher forcing along the reply (the TTT unroll, with the chain's pos
 attention) computes each draft that matters. Draft i at pair position p (target state at p,
 token p+1) predicts token p+i+2.
 
-Drafts copied from the context (`--draft lookup`) are replayed the same way: they depend only on
-the tokens so far, which along the reply are the reply's own. Hybrid drafting verifies the head's
-chain and the copy as one tree, so its round accepts the longer of the two.
+Drafts copied from the context (`--draft lookup`) are replayed round by round: they depend only
+on the tokens so far, which along the reply are the reply's own, and on whether the last copy
+was accepted whole (the 2-gram rule of float32 decoding on a CPU, tasks/decode/decoders.py).
+Hybrid drafting verifies the head's chain and the copy as one tree, so its round accepts the
+longer of the two.
 """
 
 from __future__ import annotations
@@ -86,33 +88,35 @@ def draft_matches(head: DraftHead, aux: torch.Tensor, token_id: torch.Tensor, po
     return torch.stack(matches).cpu().numpy()
 
 
-def lookup_matches(token_id: np.ndarray, depth: int = LOOKUP_TOKENS) -> np.ndarray:
-    """bool (depth, T), laid out as `draft_matches`: copy i of the round whose newest pair is p
-    (its last token p+1) equals token p+i+2 of the document."""
-    ids = token_id.tolist()
-    matches = np.zeros((depth, len(ids)), dtype=bool)
-    context = ContextLookup(ids[:1], max_tokens=depth)
-    for last in range(1, len(ids) - 1):
-        context.extend(ids[last:last + 1])
-        for i, token in enumerate(context.propose()[:len(ids) - 1 - last]):
-            matches[i, last - 1] = token == ids[last + 1 + i]
-    return matches
-
-
-def simulate_rounds(matches: np.ndarray | list[np.ndarray], reply: Reply) -> list[int]:
+def simulate_rounds(matches: np.ndarray | list[np.ndarray], reply: Reply, copied_from: np.ndarray | None = None
+                    ) -> list[int]:
     """Tokens each round adds (accepted drafts + the bonus, cut at the reply's end), from the
     round after prefill to the end of the reply. A list of match arrays is one tree of chains
-    verified together: each round keeps the longest accepted chain."""
+    verified together: each round keeps the longest accepted chain. With `copied_from` (the
+    document's token ids) the context's copy is one more branch, replayed round by round: its
+    length depends on whether the last copy was accepted whole."""
     branches = matches if isinstance(matches, list) else [matches]
+    copy = None if copied_from is None else ContextLookup(copied_from[:reply.start + 1].tolist())
     gains = []
     last = reply.start  # position of the last token generated so far
     while last < reply.stop - 1:
-        pair = last - 1  # the head's newest pair: target state at last−1, token `last`
-        accepted = max(accepted_drafts(branch, pair, reply.stop - 1 - last) for branch in branches)
-        gain = min(accepted + 1, reply.stop - 1 - last)
+        pair, left = last - 1, reply.stop - 1 - last  # the head's newest pair: target state at last−1, token `last`
+        accepted = max([accepted_drafts(branch, pair, left) for branch in branches]
+                       + ([accepted_copy(copy.propose()[:left], copied_from[last + 1:])] if copy else []))
+        gain = min(accepted + 1, left)
         gains.append(gain)
+        if copy:
+            copy.extend(copied_from[last + 1:last + 1 + gain].tolist())
         last += gain
     return gains
+
+
+def accepted_copy(copied: list[int], following: np.ndarray) -> int:
+    """Copied tokens equal to the document's next ones, before the first miss."""
+    accepted = 0
+    while accepted < len(copied) and copied[accepted] == following[accepted]:
+        accepted += 1
+    return accepted
 
 
 def accepted_drafts(matches: np.ndarray, pair: int, left: int) -> int:
@@ -161,13 +165,13 @@ def simulate_documents(head: DraftHead | None, documents, depth: int, eos: int |
         if limit is not None and simulated >= limit:
             break
         simulated += 1
-        branches = [] if drafts == "chain" else [lookup_matches(token_id)]
+        branches = []
         if drafts != "lookup":
             device = head.d2t.device
             branches.append(draft_matches(head, torch.from_numpy(aux).to(device),
                                           torch.from_numpy(token_id).long().to(device),
                                           torch.from_numpy(positions).long().to(device), depth))
-        gains += [simulate_rounds(branches, reply) for reply in replies]
+        gains += [simulate_rounds(branches, reply, None if drafts == "chain" else token_id) for reply in replies]
     return gains
 
 
