@@ -11,8 +11,8 @@ buys is a function of the prompt and the reply alone: the replies are generated 
 rule is replayed along them without the target. The baseline is Hugging Face's prompt lookup (the
 last 2-gram, else 1-gram, at its earliest occurrence; 10 tokens), replayed the same way. Each
 rule matches the longest suffix of up to 4 tokens down to its shortest (2-gram or 1-gram) at its
-most recent occurrence, and copies a fixed length or one that starts short and doubles after
-each copy accepted whole (tasks/decode/context_lookup.py).
+most recent occurrence, and copies a fixed length, or twice what the last copy got accepted
+between two bounds (tasks/decode/context_lookup.py).
 
 A wider verify costs more, so each round is also priced: the target's forward over 1 + drafted
 tokens after 256 cached tokens, measured here, in plain steps (a forward over 1). The estimate
@@ -34,7 +34,7 @@ from evaluate import verify_seconds
 from tasks.data import load_model
 from tasks.data.continuous_batching import generate_continuous
 from tasks.data.prompts import first_turns, fitting_prompts
-from tasks.decode.context_lookup import ContextLookup
+from tasks.decode.context_lookup import ContextLookup, common_prefix
 from tasks.precision import resolve_precision
 
 WIDTHS = (1, 2, 3, 5, 9, 17, 33)  # verified tokens whose forward is timed; others interpolated
@@ -62,7 +62,7 @@ class HuggingFaceRule:
 
 
 def rule(min_ngram: int, first: int, most: int):
-    """A fresh ContextLookup whose copies start `first` tokens long and grow to `most` (fixed when equal)."""
+    """A fresh ContextLookup whose copies are `first` to `most` tokens long (fixed when equal)."""
     return lambda: ContextLookup([], min_ngram, 4, most, first)
 
 
@@ -75,11 +75,12 @@ RULES = {  # name: a fresh rule (propose(), extend(tokens)) per reply
     "2-gram, 16 tokens": rule(2, 16, 16),
     "2-gram, 32 tokens": rule(2, 32, 32),
     "1-gram, 16 tokens": rule(1, 16, 16),
-    "2-gram, 4 growing to 32": rule(2, 4, 32),
-    "1-gram, 4 growing to 32": rule(1, 4, 32),
-    "2-gram, 8 growing to 32": rule(2, 8, 32),
-    "1-gram, 8 growing to 32": rule(1, 8, 32),
-    "1-gram, 2 growing to 32": rule(1, 2, 32),
+    "1-gram, 32 tokens": rule(1, 32, 32),
+    "2-gram, 4 to 32": rule(2, 4, 32),
+    "1-gram, 4 to 32": rule(1, 4, 32),
+    "2-gram, 8 to 32": rule(2, 8, 32),
+    "1-gram, 8 to 32": rule(1, 8, 32),
+    "1-gram, 2 to 32": rule(1, 2, 32),
 }
 
 
@@ -90,9 +91,7 @@ def replayed_rounds(prompt: list[int], reply: list[int], rule) -> list[tuple[int
     position, rounds = 1, []
     while position < len(reply):
         drafts = rule.propose()[:len(reply) - position - 1]
-        accepted = 0
-        while accepted < len(drafts) and drafts[accepted] == reply[position + accepted]:
-            accepted += 1
+        accepted = common_prefix(drafts, reply[position:])
         rule.extend(reply[position:position + accepted + 1])
         position += accepted + 1
         rounds.append((len(drafts), accepted))
@@ -150,7 +149,8 @@ def main() -> None:
     seconds = {f"{dtype} here": verify_seconds(loaded.model, list(WIDTHS))}
     if args.priced_as:
         recorded = json.loads(Path(args.priced_as).read_text())["verify_seconds"]
-        seconds |= {f"{precision} recorded": {int(w): s for w, s in timed.items()} for precision, timed in recorded.items()}
+        seconds |= {f"{precision} recorded": {int(w): s for w, s in timed.items()}
+                    for precision, timed in recorded.items()}
     costs = {name: price(timed) for name, timed in seconds.items()}
     for name, cost in costs.items():
         print(f"{name}: target forward after 256 cached tokens, in plain steps: "
@@ -159,7 +159,7 @@ def main() -> None:
               "verify_seconds": {name: {str(w): s for w, s in timed.items()} for name, timed in seconds.items()},
               "priced_as": args.priced_as, "benches": {}}
     for bench in ("mt-bench", "sharegpt"):
-        cache = Path("benchmarks/work") / f"lookup_rules-{args.model}-{dtype}-{bench}-{args.prompts}x{args.max_new_tokens}.json"
+        cache = Path(f"benchmarks/work/lookup_rules-{args.model}-{dtype}-{bench}-{args.prompts}x{args.max_new_tokens}.json")
         prompts, replies = greedy_replies(loaded, bench, args.prompts, args.max_new_tokens, cache)
         rows = {}
         for name, rule in RULES.items():

@@ -123,8 +123,8 @@ def test_evaluate_compare_runs_every_decoder_losslessly(regen, tmp_path, capsys)
     assert list(result["compare"]) == ["prompt-lookup", "lookup", "chain", "tree", "hybrid", "auto"]
     assert result["lossless"] is True and all(r["lossless"] for r in result["compare"].values())
     assert result["auto"]["source"] == "training.json" and result["auto"]["choice"] in (
-        "target", "lookup", "tree", *(f"{kind} {d}" for kind in ("chain", "hybrid") for d in range(1, 5)))
-    assert set(result["auto"]["candidates"]) >= {"target", "lookup", "tree"}
+        "target", "lookup", "lookup 32", "tree", *(f"{kind} {d}" for kind in ("chain", "hybrid") for d in range(1, 5)))
+    assert set(result["auto"]["candidates"]) >= {"target", "lookup", "lookup 32", "tree"}
     for r in result["compare"].values():
         assert r["prompts"] == 2 and r["tau"] >= 1.0 and r["speedup"] > 0
     table = capsys.readouterr().out

@@ -34,18 +34,20 @@ def test_lookup_continues_the_longest_suffix_at_its_most_recent_occurrence():
     assert lookup.propose() == [4, 2, 3]  # "4 2 3" occurred just before: a loop of period 3
 
 
-def test_a_copy_doubles_after_it_is_accepted_whole_and_starts_short_after_a_rejection():
+def test_a_copys_length_is_twice_what_the_last_one_got_accepted_between_its_bounds():
     lookup = ContextLookup([7, 4, 2, 3, 4, 2, 3], max_tokens=8, first_tokens=3)
     assert lookup.propose() == [4, 2, 3]
-    lookup.extend([4, 2, 3, 4])  # the copy and the target's own next token
-    assert lookup.propose() == [2, 3, 4, 2, 3, 4]  # the copy runs on into its own drafts
-    lookup.extend([2, 3, 4, 2, 3, 4, 2])
-    assert lookup.length == 8  # at most max_tokens
-    assert lookup.propose() == [3, 4, 2, 3, 4, 2, 3, 4]
-    lookup.extend([3, 4, 9])  # rejected at its third token
-    assert lookup.length == 3
+    lookup.extend([4, 2, 3, 4])  # the copy accepted whole, and the target's own next token
+    assert lookup.length == 8  # twice 3 + 1, at most max_tokens
+    assert lookup.propose() == [2, 3, 4, 2, 3, 4, 2, 3]  # the copy runs on into its own drafts
+    lookup.extend([2, 9])  # one copied token accepted
+    assert lookup.length == 4
     lookup.extend([5])  # no copy proposed: the length stays
-    assert lookup.length == 3 and lookup.propose() == []
+    assert lookup.length == 4 and lookup.propose() == []
+    fixed = ContextLookup([1, 2, 1, 2], max_tokens=5, first_tokens=5)
+    assert fixed.propose() == [1, 2, 1, 2, 1]
+    fixed.extend([6])
+    assert fixed.length == 5
 
 
 def test_the_index_built_token_by_token_equals_one_built_at_once():

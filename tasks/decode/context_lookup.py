@@ -8,17 +8,18 @@ suffix up to `max_ngram` tokens is matched at its most recent occurrence (the be
 what comes next), through an index kept up to date as tokens are committed, so a round costs a
 few dictionary lookups however long the context.
 
-A copy starts short and doubles after each copy accepted whole, back to short after a rejection:
-long copies where the text loops (Gemma-3's replies), short ones where a wrong copy would widen
-the verify forward for nothing. Replayed along SmolLM2's greedy replies to 80 MT-Bench and 80
-ShareGPT prompts and priced by the measured verify forward, 4 growing to 32 tokens beat a fixed 8
-(benchmarks/README.md, lookup_rules.py).
+A copy's length follows how much of the last one was accepted: twice the accepted stretch (with
+the target's own next token), from 4 up to 32 tokens. Long copies where the text loops, short
+ones where a wrong copy would widen the verify forward for nothing. Replayed along SmolLM2's
+greedy replies to 80 MT-Bench and 80 ShareGPT prompts and priced by the measured verify forward,
+this beat fixed copies of 8 or 32 tokens; on Gemma-3's looping replies a fixed 32 is better
+still, which `auto` measures (benchmarks/README.md, lookup_rules.py).
 """
 
 from __future__ import annotations
 
-FIRST_COPY_TOKENS = 4  # a copy's length after a rejection
-LOOKUP_TOKENS = 32  # tokens copied per round at most, after copies accepted whole
+FIRST_COPY_TOKENS = 4  # a copy's length at first, and at least
+LOOKUP_TOKENS = 32  # a copy's length at most
 
 
 class ContextLookup:
@@ -27,6 +28,7 @@ class ContextLookup:
 
     def __init__(self, context: list[int], min_ngram: int = 2, max_ngram: int = 4,
                  max_tokens: int = LOOKUP_TOKENS, first_tokens: int = FIRST_COPY_TOKENS):
+        """`first_tokens` = `max_tokens`: copies of a fixed length."""
         if not 1 <= min_ngram <= max_ngram:
             raise ValueError(f"need 1 <= min_ngram <= max_ngram (got {min_ngram}, {max_ngram})")
         self.min_ngram, self.max_ngram, self.max_tokens = min_ngram, max_ngram, max_tokens
@@ -38,10 +40,10 @@ class ContextLookup:
 
     def extend(self, tokens: list[int]) -> None:
         """Commit `tokens`; each one is the continuation of the n-grams that end just before it. After a
-        copy, they tell whether it was accepted whole: the next copy doubles, else starts short again."""
+        copy, they tell how much of it was accepted, and so the next copy's length."""
         if self.proposed:
-            whole = tokens[:len(self.proposed)] == self.proposed
-            self.length = min(2 * self.length, self.max_tokens) if whole else self.first_tokens
+            accepted = common_prefix(self.proposed, tokens)
+            self.length = min(max(2 * (accepted + 1), self.first_tokens), self.max_tokens)
             self.proposed = []
         for token in tokens:
             end = len(self.tokens)
@@ -60,3 +62,11 @@ class ContextLookup:
                 self.proposed = [self.tokens[start + i % period] for i in range(self.length)]
                 return self.proposed
         return []
+
+
+def common_prefix(drafts, following) -> int:
+    """How many of `drafts` equal the tokens `following` them, before the first miss."""
+    accepted = 0
+    while accepted < min(len(drafts), len(following)) and drafts[accepted] == following[accepted]:
+        accepted += 1
+    return accepted

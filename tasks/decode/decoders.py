@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from tasks.decode.context_lookup import LOOKUP_TOKENS
+from tasks.decode.context_lookup import FIRST_COPY_TOKENS, LOOKUP_TOKENS
 from tasks.decode.draft_auto import TARGET
 from tasks.decode.side_by_side import Decoder
 from tasks.decode.spec_decode import HeadDrafter, HybridDrafter, LookupDrafter, plain_generate, speculative_generate
@@ -32,15 +32,16 @@ def baseline(target, max_new_tokens: int, eos: int | None, temperature: float) -
 def drafted(name: str, target, head, *, max_new_tokens: int, depth: int, eos: int | None, temperature: float,
             generator: torch.Generator, tree: TreeShape):
     """decode(prompt, stopwatch) of one of layerwave's drafting decoders: lookup, chain, tree,
-    hybrid, or `chain D` / `hybrid D` (at head depth D) as `auto` names them, or `lookup N`
-    (copies of up to N tokens)."""
+    hybrid, or `chain D` / `hybrid D` (at head depth D) / `lookup N` (copies of N tokens) as
+    `auto` names them."""
     kind, _, size = name.partition(" ")
     draft_depth = int(size) if size else LOOKUP_TOKENS if kind == "lookup" else depth
     min_ngram = copy_min_ngram(target)
 
     def decode(prompt: list[int], stopwatch=NO_STOPWATCH):
         if kind == "lookup":
-            drafter, layers = LookupDrafter(prompt[0], target.config.vocab_size, draft_depth, min_ngram), []
+            first = draft_depth if size else FIRST_COPY_TOKENS  # `lookup N`: copies of N tokens
+            drafter, layers = LookupDrafter(prompt[0], target.config.vocab_size, draft_depth, min_ngram, first), []
         else:
             drafter = (HybridDrafter(head, prompt[0], stopwatch, min_ngram) if kind == "hybrid"
                        else HeadDrafter(head, stopwatch))

@@ -3,15 +3,16 @@
 Every candidate is a number of tokens per round and the seconds a round costs here. First the
 head's depth: a chain of depth d emits 1 + p_1 + … + p_d tokens per round, where p_i is the
 head's measured chance that draft position i is accepted (every earlier one accepted too: the
-offline τ's acceptance per position), in one round of measured seconds; the best ratio gives
-the depth D. Then the candidates decode the same calibration prompt, and each contributes the τ
-it reaches there and its measured round time: the chain and hybrid at depth D, the tree and the
-context's copy (`lookup`); the target alone emits one
-token per plain step. Acceptance of the copy depends on the text, so no offline profile predicts
-it, and measuring every candidate on the same prompt keeps the comparison fair (the offline profile, from the training
-distribution, runs above real prompts' acceptance). The choice is the largest ratio (EAGLE-2's
-idea of letting acceptance shape the draft, driven here by measured cost), so a head too weak to
-pay for its rounds decodes with the target alone instead of slowing it down.
+offline τ's acceptance per position), in one round of measured seconds; the best ratio gives the
+depth D. Then the candidates decode the same calibration prompt, and each contributes the τ it
+reaches there and its measured round time: the chain and hybrid at depth D, the tree and the
+context's copy (`lookup`, and `lookup 32` copying 32 tokens every round); the target alone emits
+one token per plain step. Acceptance of the copy depends on the text, so no offline profile
+predicts it, and measuring every candidate on the same prompt keeps the comparison fair (the
+offline profile, from the training distribution, runs above real prompts' acceptance). The
+choice is the largest ratio (EAGLE-2's idea of letting acceptance shape the draft, driven here
+by measured cost), so a head too weak to pay for its rounds decodes with the target alone
+instead of slowing it down.
 """
 
 from __future__ import annotations
@@ -23,6 +24,9 @@ from tasks.decode.spec_decode import HeadDrafter, speculative_generate
 from tasks.decode.stopwatch import Stopwatch
 
 CALIBRATION_ROUNDS = 12  # rounds timed per chain depth
+# The copy also runs at this fixed length: on text that loops (Gemma-3's replies) it beats a copy
+# whose length follows acceptance (benchmarks/README.md, lookup_rules.py).
+LONG_COPY_TOKENS = 32
 TARGET = "target"  # the candidate that decodes with the target alone
 
 
@@ -98,7 +102,7 @@ def auto_plan(target, head, prompt: list[int], per_position: list[float], eos: i
     depth = max(chains, key=lambda name: chains[name][0] / chains[name][1]).split()[1]
     candidates = {TARGET: (1.0, plain_step_seconds(target, [prompt], max_new_tokens, eos))}
     candidates |= {name: measured_candidate(decoder_of(name), prompt, target.device)
-                   for name in (f"chain {depth}", f"hybrid {depth}", "tree", "lookup")}
+                   for name in (f"chain {depth}", f"hybrid {depth}", "tree", "lookup", f"lookup {LONG_COPY_TOKENS}")}
     return {**choose(candidates), "per_position": per_position, "chain_depths": per_round(chains)}
 
 

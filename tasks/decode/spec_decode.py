@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 import torch
 from transformers import DynamicCache
 
-from tasks.decode.context_lookup import LOOKUP_TOKENS, ContextLookup
+from tasks.decode.context_lookup import FIRST_COPY_TOKENS, LOOKUP_TOKENS, ContextLookup
 from tasks.decode.stopwatch import NO_STOPWATCH, Stopwatch
 from tasks.decode.target_choices import TargetChoices
 from tasks.decode.tree_decode import DraftTree, draft_tree, tree_round
@@ -84,8 +84,10 @@ class LookupDrafter:
 
     drafts_trees = False
 
-    def __init__(self, first_token: int, vocab_size: int, max_tokens: int = LOOKUP_TOKENS, min_ngram: int = 2):
-        self.lookup = ContextLookup([first_token], min_ngram, max_tokens=max_tokens)  # observe brings the rest
+    def __init__(self, first_token: int, vocab_size: int, max_tokens: int = LOOKUP_TOKENS, min_ngram: int = 2,
+                 first_tokens: int = FIRST_COPY_TOKENS):
+        self.lookup = ContextLookup([first_token], min_ngram, max_tokens=max_tokens,
+                                    first_tokens=first_tokens)  # observe brings the rest
         self.vocab_size = vocab_size
 
     def observe(self, aux: torch.Tensor, next_tokens: torch.Tensor) -> None:

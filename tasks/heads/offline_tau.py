@@ -27,7 +27,7 @@ import numpy as np
 import torch
 
 from store.errors import LayerwaveError
-from tasks.decode.context_lookup import LOOKUP_TOKENS, ContextLookup
+from tasks.decode.context_lookup import LOOKUP_TOKENS, ContextLookup, common_prefix
 from tasks.heads.draft_head import DraftHead
 from tasks.heads.train_data import StoreBatches
 from tasks.heads.ttt import shift_left
@@ -102,21 +102,13 @@ def simulate_rounds(matches: np.ndarray | list[np.ndarray], reply: Reply, copied
     while last < reply.stop - 1:
         pair, left = last - 1, reply.stop - 1 - last  # the head's newest pair: target state at last−1, token `last`
         accepted = max([accepted_drafts(branch, pair, left) for branch in branches]
-                       + ([accepted_copy(copy.propose()[:left], copied_from[last + 1:])] if copy else []))
+                       + ([common_prefix(copy.propose()[:left], copied_from[last + 1:])] if copy else []))
         gain = min(accepted + 1, left)
         gains.append(gain)
         if copy:
             copy.extend(copied_from[last + 1:last + 1 + gain].tolist())
         last += gain
     return gains
-
-
-def accepted_copy(copied: list[int], following: np.ndarray) -> int:
-    """Copied tokens equal to the document's next ones, before the first miss."""
-    accepted = 0
-    while accepted < len(copied) and copied[accepted] == following[accepted]:
-        accepted += 1
-    return accepted
 
 
 def accepted_drafts(matches: np.ndarray, pair: int, left: int) -> int:
