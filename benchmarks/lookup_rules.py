@@ -1,7 +1,7 @@
 """Which copy rule drafts the context best: copy rules replayed along the target's greedy replies.
 
     python benchmarks/lookup_rules.py [--model smollm2-135m] [--prompts 80] [--max-new-tokens 128]
-                                      [--priced-as benchmarks/out/evaluate.json]
+                                      [--priced-as benchmarks/out/evaluate.json] [--decode N]
                                       [--out benchmarks/out/lookup_rules.json]
 
 Greedy speculative decoding emits the target's greedy reply whatever drafts it, and a round
@@ -19,7 +19,9 @@ tokens after 256 cached tokens, measured here, in plain steps (a forward over 1)
 of the speed-up is reply tokens / Σ round prices: it leaves out what every rule pays alike (the
 lm_head rows, Python), so it ranks rules rather than predicting a decoder's speed. Prints τ
 (reply tokens per round, pooled over prompts, with a bootstrap 95% interval), drafted tokens per
-round and the estimate per rule and bench; writes JSON.
+round and the estimate per rule and bench; writes JSON. `--decode N` then decodes each bench's
+first N prompts for real, the target alone beside Hugging Face prompt lookup and `lookup 8`
+(the rule before), `lookup` and `lookup 32`, as `evaluate --compare` does.
 """
 
 from __future__ import annotations
@@ -31,10 +33,14 @@ from pathlib import Path
 import numpy as np
 
 from evaluate import verify_seconds
+import torch
+
 from tasks.data import load_model
 from tasks.data.continuous_batching import generate_continuous
 from tasks.data.prompts import first_turns, fitting_prompts
 from tasks.decode.context_lookup import ContextLookup, common_prefix
+from tasks.decode.decoders import baseline, decoder
+from tasks.decode.side_by_side import side_by_side, summarize
 from tasks.precision import resolve_precision
 
 WIDTHS = (1, 2, 3, 5, 9, 17, 33)  # verified tokens whose forward is timed; others interpolated
@@ -135,6 +141,21 @@ def greedy_replies(loaded, bench: str, count: int, max_new_tokens: int, cache: P
     return prompts, replies
 
 
+DECODED = ("prompt-lookup", "lookup 8", "lookup", "lookup 32")  # lookup 8: the rule before (float32 on a CPU)
+
+
+def decoded(loaded, prompts: list[list[int]], max_new_tokens: int) -> dict:
+    """Real decoding of `prompts`, side by side with the target alone: Hugging Face prompt lookup
+    and layerwave's copy at fixed 8 and 32 tokens and at lengths that follow acceptance."""
+    target, eos = loaded.model, loaded.tokenizer.eos_token_id
+    options = {"max_new_tokens": max_new_tokens, "depth": 4, "eos": eos, "temperature": 0.0,
+               "generator": torch.Generator().manual_seed(0), "tree": None}
+    rows = side_by_side(baseline(target, max_new_tokens, eos, 0.0),
+                        [decoder(name, target, None, **options) for name in DECODED], prompts, progress=print)
+    return {name: {k: v for k, v in summarize(decoded_rows, None).items() if k != "rows"}
+            for name, decoded_rows in rows.items()}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="smollm2-135m")
@@ -142,6 +163,8 @@ def main() -> None:
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--priced-as", help="also price rounds with the verify_seconds an evaluate.py JSON recorded "
                                             "(each precision there), e.g. bfloat16 on a CPU that has it")
+    parser.add_argument("--decode", type=int, default=0, help="also decode this many of each bench's prompts for "
+                                                               "real: the target alone beside each copy rule")
     parser.add_argument("--out", default="benchmarks/out/lookup_rules.json")
     args = parser.parse_args()
     dtype = resolve_precision("auto", load_model.pick_device("cpu"))  # bfloat16 where native, as decoding runs
@@ -169,6 +192,12 @@ def main() -> None:
                   f"{row['drafted_per_round']:.1f} drafted a round, estimate "
                   + ", ".join(f"{x:.2f}x ({name})" for name, x in row["estimated_speedup"].items()), flush=True)
         result["benches"][bench] = {"prompts": len(prompts), "reply_tokens": sum(map(len, replies)), "rules": rows}
+        if args.decode:
+            result["benches"][bench]["decoded"] = real = decoded(loaded, prompts[:args.decode], args.max_new_tokens)
+            for name, row in real.items():
+                print(f"{bench:9s} decoded: {name:14s} τ {row['tau']:.2f}, {row['speedup']:.2f}x "
+                      f"({row['speedup_ci95'][0]:.2f}–{row['speedup_ci95'][1]:.2f}), lossless {row['lossless']}",
+                      flush=True)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
     print(f"wrote {args.out}")
