@@ -31,16 +31,16 @@ import json
 from pathlib import Path
 
 import numpy as np
-
-from evaluate import verify_seconds
 import torch
 
+from evaluate import verify_seconds
 from tasks.data import load_model
 from tasks.data.continuous_batching import generate_continuous
 from tasks.data.prompts import first_turns, fitting_prompts
 from tasks.decode.context_lookup import ContextLookup, common_prefix
 from tasks.decode.decoders import baseline, decoder
 from tasks.decode.side_by_side import side_by_side, summarize
+from tasks.heads.offline_tau import summarize_rounds
 from tasks.precision import resolve_precision
 
 WIDTHS = (1, 2, 3, 5, 9, 17, 33)  # verified tokens whose forward is timed; others interpolated
@@ -113,18 +113,15 @@ def price(seconds: dict[int, float]):
     return lambda width: float(np.interp(width, widths, steps) + max(0.0, width - widths[-1]) * slope)
 
 
-def summary(per_reply: list[list[tuple[int, int]]], costs: dict, seed: int = 0, resamples: int = 2000) -> dict:
-    """Pooled τ with its bootstrap interval over replies, drafted tokens per round, and the
-    speed-up estimate under each of `costs` (reply tokens after the first / Σ round prices)."""
-    tokens = np.array([sum(a + 1 for _, a in rounds) for rounds in per_reply], dtype=float)
-    counts = np.array([len(rounds) for rounds in per_reply], dtype=float)
-    drafted = np.array([sum(d for d, _ in rounds) for rounds in per_reply], dtype=float)
-    picks = np.random.default_rng(seed).integers(0, len(tokens), (resamples, len(tokens)))
-    taus = tokens[picks].sum(1) / counts[picks].sum(1)
-    return {"tau": tokens.sum() / counts.sum(), "tau_ci95": [float(np.percentile(taus, 2.5)),
-                                                             float(np.percentile(taus, 97.5))],
-            "drafted_per_round": drafted.sum() / counts.sum(),
-            "estimated_speedup": {name: tokens.sum() / sum(cost(d + 1) for rounds in per_reply for d, _ in rounds)
+def summary(per_reply: list[list[tuple[int, int]]], costs: dict) -> dict:
+    """Pooled τ with its bootstrap interval over replies (as offline τ reports it), drafted tokens
+    per round, and the speed-up estimate under each of `costs` (reply tokens after the first /
+    Σ round prices)."""
+    pooled = summarize_rounds([[a + 1 for _, a in rounds] for rounds in per_reply], 0, resamples=2000)
+    rounds = [r for reply in per_reply for r in reply]
+    return {"tau": pooled["tau"], "tau_ci95": pooled["tau_ci95"],
+            "drafted_per_round": sum(d for d, _ in rounds) / len(rounds),
+            "estimated_speedup": {name: pooled["tokens"] / sum(cost(d + 1) for d, _ in rounds)
                                   for name, cost in costs.items()}}
 
 

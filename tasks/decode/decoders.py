@@ -17,8 +17,8 @@ from tasks.decode.draft_auto import TARGET
 from tasks.decode.side_by_side import Decoder
 from tasks.decode.spec_decode import HeadDrafter, HybridDrafter, LookupDrafter, plain_generate, speculative_generate
 from tasks.decode.stopwatch import NO_STOPWATCH
+from tasks.decode.target_choices import wide_products_cheap
 from tasks.decode.tree_shape import TreeShape
-from tasks.precision import bf16_native
 
 COMPARED = ("prompt-lookup", "lookup", "chain", "tree", "hybrid", "auto")  # --compare: each beside the target
 HEADLESS = ("lookup",)  # decoders that need no head
@@ -37,10 +37,10 @@ def drafted(name: str, target, head, *, max_new_tokens: int, depth: int, eos: in
     kind, _, size = name.partition(" ")
     draft_depth = int(size) if size else LOOKUP_TOKENS if kind == "lookup" else depth
     min_ngram = copy_min_ngram(target)
+    first = draft_depth if size else FIRST_COPY_TOKENS  # `lookup N`: copies of N tokens
 
     def decode(prompt: list[int], stopwatch=NO_STOPWATCH):
         if kind == "lookup":
-            first = draft_depth if size else FIRST_COPY_TOKENS  # `lookup N`: copies of N tokens
             drafter, layers = LookupDrafter(prompt[0], target.config.vocab_size, draft_depth, min_ngram, first), []
         else:
             drafter = (HybridDrafter(head, prompt[0], stopwatch, min_ngram) if kind == "hybrid"
@@ -57,8 +57,7 @@ def copy_min_ngram(target) -> int:
     more frequent, less certain copies pay; two where each verified token costs (float32 on a
     CPU: 5 tokens 1.6 plain steps). Replayed on SmolLM2, the single-token match raised τ by 8%
     and cost more than it brought in float32 (benchmarks/README.md, lookup_rules.py)."""
-    cheap = target.device.type == "cuda" or (target.dtype == torch.bfloat16 and bf16_native(target.device))
-    return 1 if cheap else 2
+    return 1 if wide_products_cheap(target.dtype, target.device) else 2
 
 
 def decoder(name: str, target, head, *, auto_choice: str | None = None, **options) -> Decoder:

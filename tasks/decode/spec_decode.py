@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 import torch
 from transformers import DynamicCache
 
-from tasks.decode.context_lookup import FIRST_COPY_TOKENS, LOOKUP_TOKENS, ContextLookup
+from tasks.decode.context_lookup import FIRST_COPY_TOKENS, LOOKUP_TOKENS, ContextLookup, common_prefix
 from tasks.decode.stopwatch import NO_STOPWATCH, Stopwatch
 from tasks.decode.target_choices import TargetChoices
 from tasks.decode.tree_decode import DraftTree, draft_tree, tree_round
@@ -144,10 +144,9 @@ def accept_greedy_lazily(lm_head, hidden: torch.Tensor, drafts: list[int]) -> li
 
 
 def accept_choices(choices, drafts: list[int]) -> list[int]:
-    """Drafts while they equal the target's choices (indexable by position), then its own next."""
-    accepted = 0
-    while accepted < len(drafts) and drafts[accepted] == choices[accepted]:
-        accepted += 1
+    """Drafts while they equal the target's choices (indexable by position, one more than the
+    drafts), then its own next."""
+    accepted = common_prefix(drafts, choices)
     return drafts[:accepted] + [choices[accepted]]
 
 

@@ -20,9 +20,15 @@ import torch
 LAZY_ROWS = 2  # products of one row each before the rest of the round is computed in one
 
 
+def wide_products_cheap(dtype: torch.dtype, device: torch.device) -> bool:
+    """Whether a product over many rows costs about what one row does: anywhere but float32 on a
+    CPU, where each row adds its own products."""
+    return dtype != torch.float32 or device.type != "cpu"
+
+
 def all_rows_at_once(hidden: torch.Tensor) -> bool:
-    """Whether one product over every row costs about what a single row does, for states `hidden`."""
-    return hidden.dtype != torch.float32 or hidden.device.type != "cpu"
+    """Whether one product over every row of `hidden` costs about what a single row does."""
+    return wide_products_cheap(hidden.dtype, hidden.device)
 
 
 class TargetChoices:
@@ -36,6 +42,9 @@ class TargetChoices:
         self.rows: dict[int, int] = {}
         if all_rows_at_once(hidden):
             self.from_row(0)
+
+    def __len__(self) -> int:
+        return len(self.hidden)
 
     def from_row(self, start: int) -> None:
         self.rows.update(enumerate(self.lm_head(self.hidden[start:]).argmax(-1).tolist(), start))

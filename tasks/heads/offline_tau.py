@@ -13,8 +13,8 @@ attention) computes each draft that matters. Draft i at pair position p (target 
 token p+1) predicts token p+i+2.
 
 Drafts copied from the context (`--draft lookup`) are replayed round by round: they depend only
-on the tokens so far, which along the reply are the reply's own, and on whether the last copy
-was accepted whole (the 2-gram rule of float32 decoding on a CPU, tasks/decode/decoders.py).
+on the tokens so far, which along the reply are the reply's own, and on how much of the last
+copy was accepted (the 2-gram rule of float32 decoding on a CPU, tasks/decode/decoders.py).
 Hybrid drafting verifies the head's chain and the copy as one tree, so its round accepts the
 longer of the two.
 """
@@ -94,15 +94,16 @@ def simulate_rounds(matches: np.ndarray | list[np.ndarray], reply: Reply, copied
     round after prefill to the end of the reply. A list of match arrays is one tree of chains
     verified together: each round keeps the longest accepted chain. With `copied_from` (the
     document's token ids) the context's copy is one more branch, replayed round by round: its
-    length depends on whether the last copy was accepted whole."""
+    length depends on how much of the last copy was accepted."""
     branches = matches if isinstance(matches, list) else [matches]
     copy = None if copied_from is None else ContextLookup(copied_from[:reply.start + 1].tolist())
     gains = []
     last = reply.start  # position of the last token generated so far
     while last < reply.stop - 1:
         pair, left = last - 1, reply.stop - 1 - last  # the head's newest pair: target state at last−1, token `last`
-        accepted = max([accepted_drafts(branch, pair, left) for branch in branches]
-                       + ([common_prefix(copy.propose()[:left], copied_from[last + 1:])] if copy else []))
+        accepted = max((accepted_drafts(branch, pair, left) for branch in branches), default=0)
+        if copy:
+            accepted = max(accepted, common_prefix(copy.propose()[:left], copied_from[last + 1:]))
         gain = min(accepted + 1, left)
         gains.append(gain)
         if copy:
