@@ -83,13 +83,13 @@ class PipelinePreset:
 
 PIPELINE_PRESETS = {
     "smoke": PipelinePreset(
-        store="layerwave-smoke.zarr", tokens=3000, max_length=256, entropy_quantile=0.5, n_random=1, candidates=3,
+        store="layerwave-smoke.zarr", tokens=2000, max_length=256, entropy_quantile=0.5, n_random=1, candidates=3,
         train_preset="smoke", epochs=2, seeds=(0,), benches=("mt-bench",), prompts=2, max_new_tokens=12, depth=3,
-        memory_gb=1.0, generate_tokens=1000, generate_max_new_tokens=24, training_tokens=4000, precision="float32"),
+        memory_gb=1.0, generate_tokens=600, generate_max_new_tokens=24, training_tokens=2500, precision="float32"),
     "smoke-study": PipelinePreset(
-        store="layerwave-smoke-study.zarr", tokens=3000, max_length=256, entropy_quantile=0.5, n_random=1,
+        store="layerwave-smoke-study.zarr", tokens=2000, max_length=256, entropy_quantile=0.5, n_random=1,
         candidates=3, train_preset="smoke", epochs=2, seeds=(0,), benches=("mt-bench", "sharegpt"), prompts=2,
-        max_new_tokens=12, depth=3, memory_gb=1.0, generate_tokens=1000, generate_max_new_tokens=24,
+        max_new_tokens=12, depth=3, memory_gb=1.0, generate_tokens=600, generate_max_new_tokens=24,
         screen_epochs=1, finalists=1, replay=True, precision="float32"),
     "quick": PipelinePreset(
         store=DEFAULT_STORE, tokens=20000, max_length=2048, entropy_quantile=0.5, n_random=1, candidates=4,

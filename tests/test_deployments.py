@@ -117,7 +117,7 @@ def test_deployment_run_completes_and_everything_lands_in_the_bucket(server, buc
     activations = xr.open_zarr(STORE, group=f"{TINY}/activations", consolidated=False,
                                storage_options={"key": "layerwave", "secret": "layerwave",
                                                 "endpoint_url": env["AWS_ENDPOINT_URL"]})
-    assert (activations.sizes["token"], activations.sizes["layer"]) == (3000, 9) and activations.attrs["complete"]
+    assert (activations.sizes["token"], activations.sizes["layer"]) == (2000, 9) and activations.attrs["complete"]
     assert objects(fs, f"{BUCKET}/layerwave.training.zarr/{TINY}/activations")  # the heads' store, in the bucket too
     heads = objects(fs, f"{BUCKET}/layerwave.heads/{TINY}/smoke")
     assert len([p for p in heads if p.endswith("/model.safetensors")]) == 1  # limit 1: the EAGLE-3 default's
@@ -129,7 +129,7 @@ def test_deployment_run_completes_and_everything_lands_in_the_bucket(server, buc
     assert fs.info(f"{reports}/tau_by_set.png")["size"] > 0
     assert json.loads(fs.cat(f"{reports}/pipeline-smoke.json"))["complete"] is True
     manifest = json.loads(fs.cat(f"{BUCKET}/layerwave.corpora/{TINY}-sharegpt/manifest.json"))
-    assert manifest["complete"] and manifest["tokens"] >= 1000
+    assert manifest["complete"] and manifest["tokens"] >= 600
 
 
 def test_a_second_run_rewrites_no_object(server, bucket, monkeypatch):

@@ -38,7 +38,7 @@ def finished(tmp_path_factory, prefect_api):
 
 def test_pipeline_writes_every_stage_and_a_report(finished):
     store, summary = finished
-    assert xr.open_zarr(store, group=f"{TINY}/activations").sizes["token"] == 3000
+    assert xr.open_zarr(store, group=f"{TINY}/activations").sizes["token"] == 2000
     for group in ("analysis/all-drop-first", "analysis/quantile-ge-0.5-drop-first", "selection/all-drop-first"):
         assert xr.open_zarr(store, group=f"{TINY}/{group}", consolidated=False).sizes
     trained = {tuple(row.layers) for row in summary.evaluated}
@@ -64,7 +64,7 @@ def test_heads_train_on_a_larger_store_of_only_the_candidates_layers(finished):
     union = sorted({layer for row in summary.evaluated for layer in row.layers})
     assert training.layer.values.tolist() == union and len(union) < 9  # not every layer
     analysed = xr.open_zarr(store, group=f"{TINY}/activations")
-    assert training.sizes["token"] > analysed.sizes["token"] == 3000
+    assert training.sizes["token"] > analysed.sizes["token"] == 2000
     for record in Workspace(store).beside("heads").rglob("training.json"):
         assert json.loads(record.read_text())["data_plan_hash"] == training.attrs["plan_hash"]
 

@@ -73,7 +73,7 @@ def recipe_identity(config: dict) -> dict:
 
 
 PRESETS = {
-    "smoke": TrainConfig(seq_len=64, batch_size=8, ttt_steps=3, lr=5e-3, warmup_steps=10, epochs=8, eval_every=50,
+    "smoke": TrainConfig(seq_len=64, batch_size=8, ttt_steps=3, lr=5e-3, warmup_steps=10, epochs=4, eval_every=50,
                          draft_vocab_size=4096),
     # batch 1: on a CPU's small stores the head is starved of optimizer steps, not of tokens per step;
     # prompt positions teach too, and TTT 4 trains every draft of a depth-4 chain (benchmarks/recipe.py);
