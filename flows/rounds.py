@@ -20,6 +20,7 @@ from prefect.cache_policies import NO_CACHE
 from flows.evaluate import evaluate
 from flows.train import train_head
 from store import paths
+from store.artefacts import location
 from store.paths import Workspace
 from tasks.decode.replay import replay_task
 from tasks.heads.fan_out import HeadPool
@@ -73,21 +74,35 @@ def head_job(run: Run, request: TrainRequest, which: str, keys: dict[str, str], 
     return {"trained": trained, "results": results}
 
 
+def finished(job: dict) -> bool:
+    """Trained from these inputs and scored on each of the job's benchmarks: nothing a worker
+    could add, so a resumed round takes it in process instead of starting a worker's imports."""
+    out = location(job["request"].out)
+    return (current_record(out / "training.json", job["trained_under"]) is not None and (out / "config.json").is_file()
+            and all(current_record(paths.evaluation(out, bench), key) for bench, key in job["keys"].items()))
+
+
 def each_head(pool: HeadPool, jobs: dict[int, dict], total: int) -> Iterator[tuple[int, dict]]:
     """(number, head_job's result) of every job as it finishes, with a `[stage 4/6] train` line
-    before each head in process, or after each one on a cluster, counting heads done anywhere."""
+    before each head in process, or after each one on a cluster, counting heads done anywhere.
+    A job is head_job's arguments plus `trained_under`, the key its head trains under."""
     logger, started = get_run_logger(), time.perf_counter()
     jobs = {number: {**job, "threads": pool.threads} for number, job in jobs.items()}
+    arguments = {number: {k: v for k, v in job.items() if k != "trained_under"} for number, job in jobs.items()}
+    done_already = [number for number, job in jobs.items() if pool.parallel and finished(job)]
+    for number in done_already:  # current: read back in process
+        yield number, head_job(**arguments.pop(number))
     if not pool.parallel:
-        for done, (number, job) in enumerate(jobs.items()):
-            logger.info(stage_line("train", job["which"] + rate_eta(done, len(jobs), time.perf_counter() - started)))
+        for done, (number, job) in enumerate(arguments.items()):
+            logger.info(stage_line("train", job["which"] + rate_eta(done, len(arguments), time.perf_counter() - started)))
             yield number, head_job(**job)
         return
-    if jobs:
-        logger.info(stage_line("train", f"{len(jobs)} of {total} heads {pool.where()}"))
-    for done, (number, result) in enumerate(pool.finished(head_job, jobs), start=1):
-        logger.info(stage_line("train", f"{jobs[number]['which']} done ({done}/{len(jobs)})"
-                               + rate_eta(done, len(jobs), time.perf_counter() - started)))
+    if not arguments:
+        return
+    logger.info(stage_line("train", f"{len(arguments)} of {total} heads {pool.where()}"))
+    for done, (number, result) in enumerate(pool.finished(head_job, arguments), start=1):
+        logger.info(stage_line("train", f"{arguments[number]['which']} done ({done}/{len(arguments)})"
+                               + rate_eta(done, len(arguments), time.perf_counter() - started)))
         yield number, result
 
 
@@ -108,7 +123,8 @@ def final_round(run: Run, chosen: list[Candidate], pool: HeadPool) -> tuple[list
             logger.info(stage_line("train", f"{which}: scored on an earlier machine ({ledger.path})"))
             results[number] = {bench: {**score, "reused": True} for bench, score in published.items()}
         else:
-            jobs[number] = {"run": run, "request": request, "which": which, "keys": keys}
+            jobs[number] = {"run": run, "request": request, "which": which, "keys": keys,
+                            "trained_under": trained_under}
     reports = SeedReports(run, chosen)
     reports.write_ready(results)
     for number, done in each_head(pool, jobs, len(heads)):

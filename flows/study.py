@@ -70,7 +70,7 @@ def screen(run: Run, candidates: list[Candidate], pool: HeadPool) -> list[Candid
             logger.info(stage_line("train", f"{which}: screened on an earlier machine ({ledger.path})"))
             scores.setdefault(tuple(candidate.layers), {})[seed] = published
         else:
-            jobs[number] = {"run": run, "request": request, "which": which, "keys": {}}
+            jobs[number] = {"run": run, "request": request, "which": which, "keys": {}, "trained_under": trained_under}
     for number, done in each_head(pool, jobs, len(heads)):
         seed, candidate = heads[number]
         ledger = ledger.publish_head(jobs[number]["request"].out, "screening", candidate.layers, seed, p.benches)

@@ -183,11 +183,11 @@ def saved_checkpoint(tiny, folder) -> str:
 # 2-core machine; modules not listed follow in their own order.
 # test_generate.py comes well before test_tree_decode.py: both read the `regen` fixture, and the
 # second to start would otherwise wait, its core idle, while the first builds it.
-LONGEST_FIRST = ["test_deployments.py", "test_faults.py", "test_pipeline.py", "test_study.py", "test_generate.py",
-                 "test_busy_machine.py", "test_resume.py", "test_every_mistake.py", "test_tree_decode.py",
-                 "test_readme.py", "test_offline_tau.py", "test_stats_wide.py", "test_precision.py",
-                 "test_bad_input.py", "test_scale_out.py", "test_draft_head.py", "test_compare.py",
-                 "test_user_mistakes.py"]
+LONGEST_FIRST = ["test_deployments.py", "test_study.py", "test_faults.py", "test_pipeline.py", "test_generate.py",
+                 "test_busy_machine.py", "test_every_mistake.py", "test_tree_decode.py", "test_stats_wide.py",
+                 "test_resume.py", "test_draft_head.py", "test_bad_input.py", "test_hybrid_draft.py",
+                 "test_requests.py", "test_precision.py", "test_scale_out.py", "test_compare.py", "test_offline_tau.py",
+                 "test_head_inputs.py", "test_readme.py", "test_user_mistakes.py"]
 
 
 def pytest_collection_modifyitems(items):
