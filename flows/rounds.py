@@ -20,12 +20,11 @@ from prefect.cache_policies import NO_CACHE
 from flows.evaluate import evaluate
 from flows.train import train_head
 from store import paths
-from store.artefacts import location
 from store.paths import Workspace
 from tasks.decode.replay import replay_task
 from tasks.heads.fan_out import HeadPool
 from tasks.heads.request import TrainRequest
-from tasks.heads.train import training_key
+from tasks.heads.train import trained_record, training_key
 from tasks.pipeline_request import HeadScore, Run
 from tasks.pipeline_stages import evaluation_key, head_request, replayed_replies
 from tasks.progress import rate_eta, stage_line
@@ -74,11 +73,11 @@ def head_job(run: Run, request: TrainRequest, which: str, keys: dict[str, str], 
     return {"trained": trained, "results": results}
 
 
-def finished(job: dict) -> bool:
-    """Trained from these inputs and scored on each of the job's benchmarks: nothing a worker
-    could add, so a resumed round takes it in process instead of starting a worker's imports."""
-    out = location(job["request"].out)
-    return (current_record(out / "training.json", job["trained_under"]) is not None and (out / "config.json").is_file()
+def finished(job: dict, trained_under: str) -> bool:
+    """Trained under `trained_under` and scored on each of the job's benchmarks: nothing a worker
+    could add, so a round on a cluster reads it back in process instead of starting a worker's imports."""
+    out = job["request"].out
+    return (trained_record(out, trained_under) is not None
             and all(current_record(paths.evaluation(out, bench), key) for bench, key in job["keys"].items()))
 
 
@@ -88,21 +87,20 @@ def each_head(pool: HeadPool, jobs: dict[int, dict], total: int) -> Iterator[tup
     A job is head_job's arguments plus `trained_under`, the key its head trains under."""
     logger, started = get_run_logger(), time.perf_counter()
     jobs = {number: {**job, "threads": pool.threads} for number, job in jobs.items()}
-    arguments = {number: {k: v for k, v in job.items() if k != "trained_under"} for number, job in jobs.items()}
-    done_already = [number for number, job in jobs.items() if pool.parallel and finished(job)]
-    for number in done_already:  # current: read back in process
-        yield number, head_job(**arguments.pop(number))
+    trained_under = {number: job.pop("trained_under") for number, job in jobs.items()}
     if not pool.parallel:
-        for done, (number, job) in enumerate(arguments.items()):
-            logger.info(stage_line("train", job["which"] + rate_eta(done, len(arguments), time.perf_counter() - started)))
+        for done, (number, job) in enumerate(jobs.items()):
+            logger.info(stage_line("train", job["which"] + rate_eta(done, len(jobs), time.perf_counter() - started)))
             yield number, head_job(**job)
         return
-    if not arguments:
+    for number in [number for number, job in jobs.items() if finished(job, trained_under[number])]:
+        yield number, head_job(**jobs.pop(number))
+    if not jobs:
         return
-    logger.info(stage_line("train", f"{len(arguments)} of {total} heads {pool.where()}"))
-    for done, (number, result) in enumerate(pool.finished(head_job, arguments), start=1):
-        logger.info(stage_line("train", f"{arguments[number]['which']} done ({done}/{len(arguments)})"
-                               + rate_eta(done, len(arguments), time.perf_counter() - started)))
+    logger.info(stage_line("train", f"{len(jobs)} of {total} heads {pool.where()}"))
+    for done, (number, result) in enumerate(pool.finished(head_job, jobs), start=1):
+        logger.info(stage_line("train", f"{jobs[number]['which']} done ({done}/{len(jobs)})"
+                               + rate_eta(done, len(jobs), time.perf_counter() - started)))
         yield number, result
 
 

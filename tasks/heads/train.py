@@ -24,6 +24,14 @@ def training_key(training: Training) -> str:
                      training.request.fmt, training.verifier)
 
 
+def trained_record(out, key: str) -> dict | None:
+    """The training record of the head at `out` when it was trained and exported from inputs with
+    `key` (the record is written after the export), else None."""
+    out = location(out)
+    finished = current_record(out / "training.json", key)
+    return finished if finished and (out / "config.json").is_file() else None
+
+
 @task(name="train-draft-head", cache_policy=NO_CACHE)
 def train_task(training: Training) -> dict:
     """Train, export, then record; the resume checkpoint (optimizer state included, larger than the
@@ -31,8 +39,8 @@ def train_task(training: Training) -> dict:
     logger = get_run_logger()
     t, request, out = training, training.request, location(training.out)
     key = training_key(t)
-    finished = current_record(out / "training.json", key)
-    if finished and (out / "config.json").is_file():  # the record is written after the export
+    finished = trained_record(out, key)
+    if finished:
         logger.info("head %s is already trained from these inputs", t.out)
         return {**finished, "reused": True}
     head, record = train(request.store, t.model_key, t.layers, out, t.config, log=logger.info,
