@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import xarray as xr
 from prefect import flow, get_run_logger
 
+from store.access import open_dataset
 from tasks.names import DEFAULT_MODEL, DEFAULT_STORE
 from tasks.request import checked
 from tasks.select.request import SelectRequest
@@ -21,6 +21,6 @@ def select(model: str = DEFAULT_MODEL, store: str = DEFAULT_STORE, k: int = 3, m
     selection = checked(SelectRequest(model, store, k, methods, low, high, min_gap, filter_key, seed, n_random))
     key = selection.model_key
     path = propose_task(selection)
-    ds = xr.open_zarr(store, group=path, consolidated=False).load()
+    ds = open_dataset(store, path).load()
     get_run_logger().info("%d candidate sets for %s stored in %s", ds.sizes["candidate"], key, path)
     return candidates_from(ds)

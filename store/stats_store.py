@@ -16,7 +16,7 @@ from store.errors import LayerwaveError
 
 def create_stats_group(store: str, model_key: str, filter_key: str, n_layers: int, d: int) -> zarr.Group:
     """A fresh, empty statistics group (replacing any earlier one for this filter)."""
-    root = zarr.open_group(store, mode="a", use_consolidated=False)
+    root = zarr.open_group(store, mode="a", zarr_format=3, use_consolidated=False)
     path = paths.stats(model_key, filter_key)
     if path in root:
         del root[path]

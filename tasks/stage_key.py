@@ -41,7 +41,7 @@ def group_is_current(store: str, path: str, key: str) -> bool:
 
 def mark_group_current(store: str, path: str, key: str) -> None:
     """Call after the group's data is written."""
-    zarr.open_group(store, path=path, mode="r+", use_consolidated=False).attrs["stage_key"] = key
+    zarr.open_group(store, path=path, mode="r+", zarr_format=3, use_consolidated=False).attrs["stage_key"] = key
 
 
 def current_record(path: Path, key: str) -> dict | None:

@@ -165,8 +165,9 @@ def dask_cluster(tmp_path_factory):
     address = f"tcp://127.0.0.1:{port}"
     dask = str(Path(sys.executable).with_name("dask"))
     commands = {"scheduler": [dask, "scheduler", "--host", "127.0.0.1", "--port", str(port), "--no-dashboard"]}
-    commands |= {f"worker-{i}": [dask, "worker", address, "--nthreads", "1", "--no-dashboard", "--name", f"worker-{i}"]
-                 for i in (0, 1)}
+    # No nanny: a killed worker stays lost, as a lost machine would, instead of a new one starting beside the run.
+    commands |= {f"worker-{i}": [dask, "worker", address, "--nthreads", "1", "--no-dashboard", "--no-nanny",
+                                 "--name", f"worker-{i}"] for i in (0, 1)}
     processes = []
     try:
         for name, command in commands.items():
@@ -177,9 +178,8 @@ def dask_cluster(tmp_path_factory):
             client.wait_for_workers(2, timeout=120)
             yield address, client
     finally:
-        for process in processes:
+        for process in reversed(processes):  # workers first: one whose scheduler is gone waits for it
             os.killpg(process.pid, signal.SIGTERM)
-        for process in processes:
             process.wait(timeout=60)
 
 

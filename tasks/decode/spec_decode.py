@@ -20,6 +20,7 @@ import torch
 from transformers import DynamicCache
 
 from tasks.decode.context_lookup import FIRST_COPY_TOKENS, LOOKUP_TOKENS, ContextLookup, common_prefix
+from tasks.decode.sampling import draw
 from tasks.decode.stopwatch import NO_STOPWATCH, Stopwatch
 from tasks.decode.target_choices import TargetChoices
 from tasks.decode.tree_decode import DraftTree, draft_tree, tree_round
@@ -61,7 +62,7 @@ class HeadDrafter:
                 if temperature > 0:
                     q = torch.zeros(self.head.config.vocab_size)
                     q[self.targets.cpu()] = torch.softmax(logits / temperature, dim=-1).cpu()
-                    tokens.append(int(torch.multinomial(q, 1, generator=generator)))
+                    tokens.append(draw(q, generator))
                     distributions.append(q)
                 else:
                     tokens.append(int(self.targets[int(logits.argmax())]))
@@ -160,8 +161,8 @@ def accept_sampled(target_probs: torch.Tensor, draft_probs: list, drafts: list[i
             continue
         residual = (p - q).clamp(min=0)
         residual = residual / residual.sum() if residual.sum() > 0 else p
-        return drafts[:i] + [int(torch.multinomial(residual, 1, generator=generator))]
-    return drafts + [int(torch.multinomial(target_probs[len(drafts)], 1, generator=generator))]
+        return drafts[:i] + [draw(residual, generator)]
+    return drafts + [draw(target_probs[len(drafts)], generator)]
 
 
 @dataclass

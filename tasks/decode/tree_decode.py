@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
+from tasks.decode.sampling import draw
 from tasks.decode.stopwatch import NO_STOPWATCH
 from tasks.decode.target_choices import TargetChoices
 from tasks.decode.tree_shape import TreeShape
@@ -156,7 +157,7 @@ def walk_sampled(tree: DraftTree, probs: torch.Tensor, generator=None) -> tuple[
                 break
             p[tree.tokens[child]] = 0
         else:
-            return path, int(torch.multinomial(p, 1, generator=generator))
+            return path, draw(p, generator)
         path.append(child)
         node = child
 

@@ -121,7 +121,7 @@ def _summary(store: str, key: str, group: zarr.Group) -> dict:
 
 
 def open_activations_group(store: str, key: str) -> zarr.Group:
-    return zarr.open_group(store, path=paths.activations(key), mode="r+", use_consolidated=False)
+    return zarr.open_group(store, path=paths.activations(key), mode="r+", zarr_format=3, use_consolidated=False)
 
 
 def _retry_unless_user_error(task, task_run, state) -> bool:

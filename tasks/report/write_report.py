@@ -7,14 +7,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import xarray as xr
 from prefect import task
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from prefect.cache_policies import NO_CACHE
 from upath import UPath
 
 from store import paths
-from store.access import open_existing
+from store.access import open_dataset, open_existing
 from store.artefacts import copy, write_json, write_text
 from store.errors import LayerwaveError
 from store.paths import Workspace
@@ -40,7 +39,7 @@ def report_task(store: str, model_key: str, preset: str, sets: list[list[int]] |
     if open_existing(store, group) is None:
         raise LayerwaveError(f"no selection for {model_key} in {store}; run `layerwave run --model {model_key} "
                              f"--store {store} --preset {preset}` first")
-    selection = xr.open_zarr(store, group=group, consolidated=False).load()
+    selection = open_dataset(store, group).load()
     every = candidates_from(selection)
     candidates = [c for c in every if sets is None or c.layers in sets]
     benches, training_store = list(p.benches), p.training_store(store)
@@ -126,7 +125,7 @@ def report_plots(store: str, model_key: str, folder: UPath, rows: list[dict], be
     that none shows other data (a manual `analyze` with another filter draws its own files):
     (file name, caption)."""
     filters = analysis_filters(store, model_key)
-    analyses = {key: xr.open_zarr(store, group=paths.analysis(model_key, key), consolidated=False).load()
+    analyses = {key: open_dataset(store, paths.analysis(model_key, key)).load()
                 for key in filters}
     plots = [("entropy_vs_depth.png", "Matrix entropy of each layer's hidden states (nats; H1 solid, H2 dashed), "
                                       "one color per token filter: how much information each layer spreads; red "

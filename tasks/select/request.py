@@ -45,9 +45,8 @@ class SelectRequest:
 
     def check(self) -> Selection:
         """Every mistake, before any flow starts; finds the filters with an analysis."""
-        import xarray as xr
-
         from store import paths
+        from store.access import open_dataset
         from tasks.data.registry import store_key
         from tasks.select.select import analysis_filters
         from tasks.select.selection import check_methods
@@ -60,8 +59,7 @@ class SelectRequest:
         methods = list(self.methods or METHODS)
         check_methods(methods)
         constraints = Constraints(self.k, self.low, self.high, self.min_gap)
-        constraints.allowed(xr.open_zarr(self.store, group=paths.analysis(key, self.filter_key),
-                                         consolidated=False).sizes["layer"])
+        constraints.allowed(open_dataset(self.store, paths.analysis(key, self.filter_key)).sizes["layer"])
         return Selection(self, key, filters, constraints, methods)
 
 

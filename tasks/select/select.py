@@ -4,18 +4,20 @@ proposed and written to the store as an xarray Dataset, and read back.
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import xarray as xr
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
 from store import paths
-from store.access import check_schema, consolidate, open_existing
+from store.access import check_schema, consolidate, open_dataset, open_existing
 from store.errors import LayerwaveError
 from tasks.select.request import Selection
 from tasks.select.selection import Candidate, Constraints, LayerScores, propose
 from tasks.stage_key import group_is_current, mark_group_current, stage_key
-from tasks.stats.analysis import set_entropy
+from tasks.stats.analysis import SetEntropy
 
 
 def analysis_filters(store: str, model_key: str) -> list[str]:
@@ -30,8 +32,7 @@ def analysis_filters(store: str, model_key: str) -> list[str]:
 
 
 def load_scores(store: str, model_key: str, keys: list[str]) -> dict[str, LayerScores]:
-    return {key: LayerScores.from_dataset(xr.open_zarr(store, group=paths.analysis(model_key, key),
-                                                       consolidated=False)) for key in keys}
+    return {key: LayerScores.from_dataset(open_dataset(store, paths.analysis(model_key, key))) for key in keys}
 
 
 def selection_key(store: str, model_key: str, filters: list[str], constraints: Constraints, methods: list[str],
@@ -52,8 +53,9 @@ def propose_task(selection: Selection) -> str:
     if group_is_current(store, path, key):
         get_run_logger().info("selection %s is current", path)
         return path
+    entropies = functools.cache(lambda key: SetEntropy(store, model_key, key))  # each group opened once
     candidates = propose(load_scores(store, model_key, filters), reference, constraints, methods,
-                         lambda key, layers: set_entropy(store, model_key, key, layers, 1.0), seed, n_random)
+                         lambda key, layers: entropies(key)(layers), seed, n_random)
     score_names = list(candidates[0].scores)
     ds = xr.Dataset(
         {"layers": (("candidate", "slot"), np.array([c.layers for c in candidates], dtype=np.int32)),

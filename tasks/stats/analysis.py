@@ -74,21 +74,33 @@ def measures_current(store: str, model_key: str, filter_key: str, alphas) -> boo
                                                   analysis_key(stats, alphas))
 
 
+class SetEntropy:
+    """Entropy of concatenated layer sets of one statistics group, opened once: a selection scores
+    many sets, and on an object store every group open and block read is a request."""
+
+    def __init__(self, store: str, model_key: str, filter_key: str):
+        group = require_stats(store, model_key, filter_key)
+        self._trace, self._tokens = group["trace"][:], int(group.attrs["tokens_kept"])
+        self._blocks = BlockReader(group)
+
+    def __call__(self, layers, alpha: float = 1.0, normalization: str = "trace") -> float:
+        """Each layer scaled to unit trace by default, as a learned fc layer can rescale them;
+        `normalization="raw"` keeps their own scale."""
+        layers = check_layers(layers, len(self._trace))
+        if normalization == "trace":
+            weights = 1 / np.sqrt(self._trace[layers])
+        elif normalization == "raw":
+            weights = np.ones(len(layers))
+        else:
+            raise LayerwaveError(f"unknown normalization {normalization!r}; use trace or raw")
+        covariance = aggregate_covariance(self._blocks, layers, weights)
+        return renyi_entropy(spectrum(covariance, self._tokens), alpha)
+
+
 def set_entropy(store: str, model_key: str, filter_key: str, layers, alpha: float = 1.0,
                 normalization: str = "trace") -> float:
-    """Entropy of the concatenation of `layers` (each scaled to unit trace by default, as a learned
-    fc layer can rescale them; `normalization="raw"` keeps their own scale)."""
-    group = require_stats(store, model_key, filter_key)
-    trace = group["trace"][:]
-    layers = check_layers(layers, len(trace))
-    if normalization == "trace":
-        weights = 1 / np.sqrt(trace[layers])
-    elif normalization == "raw":
-        weights = np.ones(len(layers))
-    else:
-        raise LayerwaveError(f"unknown normalization {normalization!r}; use trace or raw")
-    covariance = aggregate_covariance(BlockReader(group), layers, weights)
-    return renyi_entropy(spectrum(covariance, int(group.attrs["tokens_kept"])), alpha)
+    """Entropy of the concatenation of `layers` (see SetEntropy)."""
+    return SetEntropy(store, model_key, filter_key)(layers, alpha, normalization)
 
 
 def set_h2_closed_form(measures: xr.Dataset, layers) -> float:

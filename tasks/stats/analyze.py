@@ -12,7 +12,7 @@ from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
 from store import paths
-from store.access import consolidate
+from store.access import consolidate, open_dataset
 from store.errors import LayerwaveError
 from store.paths import Workspace
 from store.read import open_activations
@@ -21,7 +21,7 @@ from tasks.dask_cluster import connect
 from tasks.progress import rate_eta
 from tasks.report.plots import plot_cka, plot_entropy_vs_depth
 from tasks.select.layer_ids import eagle3_default
-from tasks.stats.analysis import measures_current, set_entropy, set_h2_closed_form, write_measures
+from tasks.stats.analysis import measures_current, SetEntropy, set_h2_closed_form, write_measures
 from tasks.stats.request import Analysis
 from tasks.stats.stats_pass import accumulate_statistics, is_current
 from tasks.stats.token_filter import TokenFilter, check_enough
@@ -88,13 +88,10 @@ def measures_task(store: str, model_key: str, filter_keys: list[str], alphas: li
 @task(name="plot-analysis", cache_policy=NO_CACHE)
 def plots_task(store: str, model_key: str, filter_keys: list[str], asked: str, changed: bool) -> list[str]:
     """The PNGs beside the store; redrawn only when an analysis changed or a file is missing."""
-    import xarray as xr
-
     folder = Workspace(store).reports(model_key)
     files = [folder / "entropy_vs_depth.png", folder / f"cka_{asked}.png"]
     if changed or not all(path.exists() for path in files):
-        measures = {key: xr.open_zarr(store, group=paths.analysis(model_key, key), consolidated=False).load()
-                    for key in filter_keys}
+        measures = {key: open_dataset(store, paths.analysis(model_key, key)).load() for key in filter_keys}
         plot_entropy_vs_depth(measures, files[0], f"{model_key}: entropy vs depth")
         plot_cka(measures[asked], files[1], f"{model_key}: layer similarity")
     return [str(path) for path in files]
@@ -102,12 +99,11 @@ def plots_task(store: str, model_key: str, filter_keys: list[str], asked: str, c
 
 def analysis_summary(store: str, model_key: str, asked: str, tokens_kept: dict, sets, plots: list[str]) -> dict:
     """The JSON-ready summary for the filter asked: per-layer entropies, CKA, and layer-set scores."""
-    import xarray as xr
-
-    ds = xr.open_zarr(store, group=paths.analysis(model_key, asked), consolidated=False).load()
+    ds = open_dataset(store, paths.analysis(model_key, asked)).load()
     default = eagle3_default(ds.sizes["layer"] - 1)
     candidate_sets = ([default] if default else []) + [list(s) for s in (sets or []) if list(s) != default]
-    scored = [{"layers": s, "h1": set_entropy(store, model_key, asked, s, 1.0),
+    entropy = SetEntropy(store, model_key, asked)
+    scored = [{"layers": s, "h1": entropy(s),
                "h2_closed_form": set_h2_closed_form(ds, s)} for s in candidate_sets]
     return {
         "model": model_key, "filter": asked, "layers": ds.layer.values.tolist(), "tokens_kept": int(ds.attrs["tokens_kept"]),
