@@ -25,14 +25,15 @@ def chi_square(counts: torch.Tensor, expected: torch.Tensor) -> float:
     return float(((counts - expected) ** 2 / expected).sum())
 
 
-@pytest.mark.parametrize("which, depth", [("trained", 1), ("untrained", 4)])
-def test_greedy_chain_and_tree_output_equals_the_targets_own(tiny, trained, which, depth):
+# The untrained head's drafts are nearly all rejected: a round a token, so fewer tokens give as many rounds.
+@pytest.mark.parametrize("which, depth, tokens", [("trained", 1, 24), ("untrained", 4, 12)])
+def test_greedy_chain_and_tree_output_equals_the_targets_own(tiny, trained, which, depth, tokens):
     head = trained[0] if which == "trained" else untrained_like(trained[0])
     for prompt in prompts(tiny):
-        base = plain_generate(tiny.model, prompt, 24, None)
+        base = plain_generate(tiny.model, prompt, tokens, None)
         for shape in (None, *SHAPES):  # None: chain drafting
-            spec = speculative_generate(tiny.model, LAYERS, HeadDrafter(head), prompt, 24, depth, None, tree=shape)
-            assert spec.tokens == base.tokens and len(spec.tokens) == 24
+            spec = speculative_generate(tiny.model, LAYERS, HeadDrafter(head), prompt, tokens, depth, None, tree=shape)
+            assert spec.tokens == base.tokens and len(spec.tokens) == tokens
             assert spec.forwards == len(spec.accepted) and all(0 <= a <= depth for a in spec.accepted)
 
 
