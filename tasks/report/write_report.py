@@ -125,8 +125,7 @@ def report_plots(store: str, model_key: str, folder: UPath, rows: list[dict], be
     that none shows other data (a manual `analyze` with another filter draws its own files):
     (file name, caption)."""
     filters = analysis_filters(store, model_key)
-    analyses = {key: open_dataset(store, paths.analysis(model_key, key)).load()
-                for key in filters}
+    analyses = {key: open_dataset(store, paths.analysis(model_key, key)).load() for key in filters}
     plots = [("entropy_vs_depth.png", "Matrix entropy of each layer's hidden states (nats; H1 solid, H2 dashed), "
                                       "one color per token filter: how much information each layer spreads; red "
                                       "dotted lines mark the EAGLE-3 default's layers."),
