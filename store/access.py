@@ -38,17 +38,23 @@ def check_schema(store: str) -> None:
         )
 
 
+def open_group(store: str, path: str = "", mode: str = "r") -> zarr.Group:
+    """A group of the store as layerwave writes it: Zarr format 3, no consolidated metadata. The
+    format is named: unnamed, zarr also asks for three format-2 objects per open, each a miss and
+    more requests on an object store."""
+    return zarr.open_group(store, path=path, mode=mode, zarr_format=3, use_consolidated=False)
+
+
 def open_existing(store: str, path: str = "") -> zarr.Group | None:
     """A group opened for reading, or None when it (or the whole store) does not exist."""
     try:
-        return zarr.open_group(store, path=path, mode="r", zarr_format=3, use_consolidated=False)
+        return open_group(store, path)
     except (FileNotFoundError, zarr.errors.GroupNotFoundError):
         return None
 
 
 def open_dataset(store: str, path: str):
-    """A group as a lazy xarray Dataset. The format is named: unnamed, zarr also looks for format-2
-    metadata, three more requests per open on an object store."""
+    """A group as a lazy xarray Dataset (format 3 named, as in `open_group`)."""
     import xarray as xr
 
     return xr.open_zarr(store, group=path, consolidated=False, zarr_format=3)
@@ -57,7 +63,7 @@ def open_dataset(store: str, path: str):
 def open_root(store: str) -> zarr.Group:
     """Open (creating if needed) the store root for writing."""
     check_schema(store)
-    root = zarr.open_group(store, mode="a", zarr_format=3, use_consolidated=False)
+    root = open_group(store, mode="a")
     if root.attrs.get("schema_version") is None:
         root.attrs.update({"schema_version": schema.SCHEMA_VERSION, "layer_convention": schema.LAYER_CONVENTION})
     return root

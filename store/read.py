@@ -9,7 +9,7 @@ import xarray as xr
 import zarr
 
 from store import paths, schema
-from store.access import check_schema
+from store.access import check_schema, open_dataset, open_group
 from store.dtypes import decode
 from store.errors import LayerwaveError
 
@@ -25,14 +25,14 @@ def open_activations(store: str, model_key: str, *, allow_incomplete: bool = Fal
     check_schema(store)
     group_path = paths.activations(model_key)
     try:
-        zarr.open_group(store, path=group_path, mode="r", zarr_format=3, use_consolidated=False)
+        open_group(store, group_path)
     except (FileNotFoundError, zarr.errors.GroupNotFoundError):
         raise LayerwaveError(
             f"no activations for {model_key} in {store}; run `layerwave extract --model {model_key} --store {store}`"
         ) from None
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        ds = xr.open_zarr(store, group=group_path, consolidated=False, zarr_format=3)
+        ds = open_dataset(store, group_path)
     if not ds.attrs.get("complete") and not allow_incomplete:
         raise LayerwaveError(
             f"activations for {model_key} in {store} are incomplete (an extraction was interrupted); "

@@ -10,13 +10,13 @@ import numpy as np
 import zarr
 
 from store import paths
-from store.access import open_existing
+from store.access import open_existing, open_group
 from store.errors import LayerwaveError
 
 
 def create_stats_group(store: str, model_key: str, filter_key: str, n_layers: int, d: int) -> zarr.Group:
     """A fresh, empty statistics group (replacing any earlier one for this filter)."""
-    root = zarr.open_group(store, mode="a", zarr_format=3, use_consolidated=False)
+    root = open_group(store, mode="a")
     path = paths.stats(model_key, filter_key)
     if path in root:
         del root[path]

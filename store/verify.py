@@ -10,7 +10,7 @@ import numpy as np
 import zarr
 
 from store import commit, paths, schema
-from store.access import check_schema
+from store.access import check_schema, open_group
 from store.dtypes import decode
 from store.errors import LayerwaveError, is_damaged_chunk, store_writes
 from store.layout import Layout
@@ -22,7 +22,7 @@ def _open(store: str, model_key: str | None = None, mode: str = "r") -> zarr.Gro
     """The store root or a model's activations; a missing one is the user's mistake, not a crash."""
     path = paths.activations(model_key) if model_key else ""
     try:
-        return zarr.open_group(store, path=path, mode=mode, zarr_format=3, use_consolidated=False)
+        return open_group(store, path, mode)
     except (FileNotFoundError, zarr.errors.GroupNotFoundError):
         what = f"no activations for {model_key} in store {store}" if model_key else f"no store at {store}"
         raise LayerwaveError(f"{what}; pass the --store (and --model) an extraction wrote") from None
@@ -92,8 +92,7 @@ def uncommit(store: str, model_key: str, shards: list[int]) -> None:
 
 def extract_command(store: str, model_key: str) -> str:
     """The `layerwave extract` command line that resumes this model's extraction."""
-    attrs = zarr.open_group(store, path=paths.activations(model_key), mode="r", zarr_format=3,
-                            use_consolidated=False).attrs
+    attrs = open_group(store, paths.activations(model_key)).attrs
     corpus, extraction, layout = attrs["corpus"], attrs["extraction"], attrs["layout"]
     arguments = {"model": attrs["model"]["argument"], "corpus": corpus["spec"], "tokens": corpus["tokens_requested"],
                  "seed": corpus["seed"], "max-length": corpus["max_length"], "topk": extraction["topk"],

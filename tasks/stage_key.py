@@ -14,9 +14,8 @@ import json
 from dataclasses import asdict, is_dataclass
 from pathlib import Path
 
-import zarr
 
-from store.access import open_existing
+from store.access import open_existing, open_group
 from store.artefacts import read_json, write_json
 
 
@@ -41,7 +40,7 @@ def group_is_current(store: str, path: str, key: str) -> bool:
 
 def mark_group_current(store: str, path: str, key: str) -> None:
     """Call after the group's data is written."""
-    zarr.open_group(store, path=path, mode="r+", zarr_format=3, use_consolidated=False).attrs["stage_key"] = key
+    open_group(store, path, "r+").attrs["stage_key"] = key
 
 
 def current_record(path: Path, key: str) -> dict | None:

@@ -15,7 +15,7 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from store import commit, paths, schema
-from store.access import consolidate, open_root
+from store.access import consolidate, open_group, open_root
 from store.dtypes import choose_storage_dtype, encode
 from store.errors import LayerwaveError, store_writes
 from store.layout import Layout, auto_chunking, create_template
@@ -121,7 +121,7 @@ def _summary(store: str, key: str, group: zarr.Group) -> dict:
 
 
 def open_activations_group(store: str, key: str) -> zarr.Group:
-    return zarr.open_group(store, path=paths.activations(key), mode="r+", zarr_format=3, use_consolidated=False)
+    return open_group(store, paths.activations(key), "r+")
 
 
 def _retry_unless_user_error(task, task_run, state) -> bool:

@@ -12,9 +12,9 @@ from dataclasses import dataclass, fields
 
 import numpy as np
 import torch
-import zarr
 
 from store import paths, schema
+from store.access import open_group
 from store.dtypes import decode
 from store.layout import Layout
 from tasks.extract.plan import documents_in
@@ -53,8 +53,7 @@ def heldout_documents(n_docs: int, fraction: float, seed: int) -> np.ndarray:
 class StoreBatches:
     def __init__(self, store: str, model_key: str, layers: list[int], *, seq_len: int, batch_size: int, seed: int,
                  holdout: float = 0.05):
-        self.group = zarr.open_group(store, path=paths.activations(model_key), mode="r", zarr_format=3,
-                                     use_consolidated=False)
+        self.group = open_group(store, paths.activations(model_key))
         self.layout = Layout(**self.group.attrs["layout"])
         self.layers, self.seq_len, self.batch_size, self.seed = list(layers), seq_len, batch_size, seed
         stored = self.layout.stored_layers  # a training store keeps only some layers: find each by its HF index

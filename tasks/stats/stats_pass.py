@@ -18,6 +18,7 @@ import numpy as np
 import zarr
 
 from store import paths, schema
+from store.access import open_group
 from store.dtypes import decode
 from store.layout import Layout
 from store.stats_store import create_stats_group
@@ -77,8 +78,7 @@ def read_layers(array: zarr.Array, layers: list[int], start: int, stop: int) -> 
 def partial_moments(store: str, group_path: str, ranges: list[tuple[int, int]], rows: list[int], cols: list[int],
                     masks: dict[str, np.ndarray], shift: np.ndarray, proj: np.ndarray | None) -> dict[str, TileMoments]:
     """Moments of one tile over some whole shards (`masks` cover exactly those tokens, in order)."""
-    group = zarr.open_group(store, path=group_path, mode="r", zarr_format=3, use_consolidated=False)
-    array = group[schema.HIDDEN_STATES]
+    array = open_group(store, group_path)[schema.HIDDEN_STATES]
     diagonal = rows == cols
     layers = sorted(set(rows) | set(cols))
     where = {layer: i for i, layer in enumerate(layers)}
@@ -128,8 +128,7 @@ def compute_tile(store: str, group_path: str, layout: Layout, rows, cols, masks,
 
 def provisional_shift(store: str, group_path: str, layout: Layout) -> np.ndarray:
     """Per-layer mean over the first shard: subtracting it keeps float64 sums of squares accurate."""
-    array = zarr.open_group(store, path=group_path, mode="r", zarr_format=3,
-                            use_consolidated=False)[schema.HIDDEN_STATES]
+    array = open_group(store, group_path)[schema.HIDDEN_STATES]
     start, stop = layout.shard_range(0)
     block = read_layers(array, list(range(layout.n_layers)), start, stop)
     return block.mean(axis=1, dtype=np.float64).astype(np.float32)
@@ -139,8 +138,7 @@ def accumulate_statistics(store: str, model_key: str, masks: dict[str, np.ndarra
                           source: dict, scheduler: dict, progress=None) -> dict:
     """Run the pass and write `<model>/stats/<filter>` for every mask; returns small metadata."""
     group_path = paths.activations(model_key)
-    group = zarr.open_group(store, path=group_path, mode="r", zarr_format=3, use_consolidated=False)
-    layout = Layout(**group.attrs["layout"])
+    layout = Layout(**open_group(store, group_path).attrs["layout"])
     d = effective_dim(layout.n_layers, layout.hidden_size, config.sketch_dim)
     proj = projection(layout.hidden_size, d)
     shift = provisional_shift(store, group_path, layout)
