@@ -37,6 +37,6 @@ def analyze(
     filter_keys = [f.key for f in analysis.filters]
     asked = filter_keys[-1]
     computed = measures_task(store, key, filter_keys, alphas or [1.0, 2.0])
-    plots = plots_task(store, key, filter_keys, asked, bool(computed))
+    plots = plots_task(store, key, filter_keys, asked)
     return {**analysis_summary(store, key, asked, stats["tokens_kept"], analysis.sets, plots),
             "computed": {"statistics": stats["computed"], "measures": computed}}

@@ -50,10 +50,11 @@ def read_json(path):
     return json.loads(location(path).read_text(encoding="utf-8"))
 
 
-def write_figure(figure, path) -> UPath:
-    """A matplotlib figure as a PNG (savefig cannot write to an object store itself)."""
+def write_figure(figure, path, metadata: dict | None = None) -> UPath:
+    """A matplotlib figure as a PNG, with `metadata` as its text fields (savefig cannot write to an
+    object store itself)."""
     buffer = io.BytesIO()
-    figure.savefig(buffer, format="png", dpi=110)
+    figure.savefig(buffer, format="png", dpi=110, metadata=metadata)
     return write_bytes(path, buffer.getvalue())
 
 

@@ -46,17 +46,25 @@ IDLE_SERVICES = ["SCHEDULER", "LATE_RUNS", "FOREMAN", "PAUSE_EXPIRATIONS", "REPO
 
 
 @pytest.fixture(scope="session", autouse=True)
-def prefect_api():
-    """One Prefect test server for the whole session; yields its API URL for subprocesses."""
+def prefect_api(tmp_path_factory):
+    """One Prefect test server for the whole test run, shared by its pytest-xdist workers; yields
+    its API URL for subprocesses."""
     import prefect.settings
-    from prefect.testing.utilities import prefect_test_harness
+    from prefect.events.worker import EventsWorker
 
-    quiet = {getattr(prefect.settings, f"PREFECT_SERVER_SERVICES_{name}_ENABLED"): False for name in IDLE_SERVICES}
-    # No flow-run heartbeats in this process: a flow run's end waits for its heartbeat thread's
-    # one-second sleep, about half a second per run, and the tests start hundreds of runs.
-    quiet[prefect.settings.PREFECT_FLOWS_HEARTBEAT_FREQUENCY] = None
-    with prefect.settings.temporary_settings(updates=quiet), prefect_test_harness(server_startup_timeout=120):
-        yield prefect.settings.PREFECT_API_URL.value()
+    from tests.prefect_server import shared_server
+
+    folder = tmp_path_factory.getbasetemp()
+    if "PYTEST_XDIST_WORKER" in os.environ:
+        folder = folder.parent  # shared by this run's workers
+    idle = {f"PREFECT_SERVER_SERVICES_{name}_ENABLED": "false" for name in IDLE_SERVICES}
+    with shared_server(folder, idle) as url:
+        # No flow-run heartbeats in this process: a flow run's end waits for its heartbeat thread's
+        # one-second sleep, about half a second per run, and the tests start hundreds of runs.
+        with prefect.settings.temporary_settings(updates={prefect.settings.PREFECT_API_URL: url,
+                                                          prefect.settings.PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None}):
+            yield url
+            EventsWorker.drain_all()  # this process's events reach the server before it may stop
 
 
 @pytest.fixture(scope="session")

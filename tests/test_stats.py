@@ -12,6 +12,7 @@ from flows.analyze import analyze
 from flows.cli import main
 from store.errors import LayerwaveError
 from store.synthetic import write_synthetic
+from tasks.report.plots import plot_cka, plot_tau_by_set
 from tasks.stats.analysis import layer_measures, set_entropy, set_h2_closed_form
 from tasks.stats.measures import debiased_cka, h2_all_subsets, linear_cka, renyi_entropy, spectrum, tile_pairs
 from tasks.stats.moments import TileMoments, accumulate
@@ -185,6 +186,26 @@ def test_analyze_cli_writes_json_and_plots_and_reuses_statistics(tmp_path, capsy
     printed = capsys.readouterr().out
     assert "H1" in printed and "set [0, 1, 2]" in printed
     assert main(["analyze", "--model", "planted", "--store", store, "--alpha", "3"]) == 0
+
+
+def test_a_figure_is_drawn_again_only_when_what_it_shows_changed(tmp_path):
+    rows = [{"layers": [0, 1, 2], "method": "eagle3-default", "bench": "mt-bench", "tau_mean": 1.2, "tau_ci95": 0.1,
+             "tau_per_seed": [1.1, 1.3]}]
+    path = tmp_path / "tau.png"
+    plot_tau_by_set(rows, ["mt-bench"], "first", path=path)
+    drawn = path.stat().st_mtime_ns, path.read_bytes()
+    assert drawn[1].startswith(b"\x89PNG")
+    plot_tau_by_set(rows, ["mt-bench"], "first", path=path)
+    assert (path.stat().st_mtime_ns, path.read_bytes()) == drawn  # the same inputs: the file is kept
+    plot_tau_by_set([{**rows[0], "tau_mean": 1.3}], ["mt-bench"], "first", path=path)
+    assert path.read_bytes() != drawn[1]
+    layers = xr.Dataset({name: (("layer", "other"), np.eye(3)) for name in ("cka", "cka_debiased")},
+                        coords={"layer": [0, 1, 2], "other": [0, 1, 2]}, attrs={"filter": "all"})
+    cka = tmp_path / "cka.png"
+    plot_cka(layers, "a title", path=cka)
+    before = cka.read_bytes()
+    plot_cka(layers.assign(cka=layers.cka * 0.5), "a title", path=cka)  # the data changed: drawn again
+    assert cka.read_bytes() != before
 
 
 def test_analyze_bad_input(tmp_path, capsys, extracted):

@@ -132,16 +132,16 @@ def report_plots(store: str, model_key: str, folder: UPath, rows: list[dict], be
              (f"cka_{REFERENCE}.png", f"CKA between every pair of layers on {REFERENCE}, the token filter selection "
                                       "scored sets on (left: CKA, right: debiased CKA; bright = redundant layers; "
                                       "red squares: the EAGLE-3 default's layer pairs).")]
-    plot_entropy_vs_depth(analyses, folder / plots[0][0], f"{title}: entropy vs depth")
-    plot_cka(analyses[REFERENCE], folder / plots[1][0], f"{title}: layer similarity")
+    plot_entropy_vs_depth(analyses, f"{title}: entropy vs depth", path=folder / plots[0][0])
+    plot_cka(analyses[REFERENCE], f"{title}: layer similarity", path=folder / plots[1][0])
     if screening:
-        plot_tau_by_set([screened_row(row) for row in screening], [SCREENED], folder / "screening.png",
-                        f"{title}: screening")
+        plot_tau_by_set([screened_row(row) for row in screening], [SCREENED], f"{title}: screening",
+                        path=folder / "screening.png")
         plots.append(("screening.png", "τ_offline of each screened layer set after the short budget: one dot per "
                                        "seed, the mean with its 95% interval over seeds as a bar; red is the EAGLE-3 "
                                        "default."))
     if rows:
-        plot_tau_by_set(rows, benches, folder / "tau_by_set.png", title)
+        plot_tau_by_set(rows, benches, title, path=folder / "tau_by_set.png")
         plots.append(("tau_by_set.png", "τ of each trained layer set per benchmark: one dot per seed, the mean with "
                                         "its 95% interval over seeds as a bar; red is the EAGLE-3 default."))
     return plots

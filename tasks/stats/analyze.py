@@ -86,14 +86,12 @@ def measures_task(store: str, model_key: str, filter_keys: list[str], alphas: li
 
 
 @task(name="plot-analysis", cache_policy=NO_CACHE)
-def plots_task(store: str, model_key: str, filter_keys: list[str], asked: str, changed: bool) -> list[str]:
-    """The PNGs beside the store; redrawn only when an analysis changed or a file is missing."""
+def plots_task(store: str, model_key: str, filter_keys: list[str], asked: str) -> list[str]:
+    """The PNGs beside the store (each drawn only if what it shows changed)."""
     folder = Workspace(store).reports(model_key)
-    files = [folder / "entropy_vs_depth.png", folder / f"cka_{asked}.png"]
-    if changed or not all(path.exists() for path in files):
-        measures = {key: open_dataset(store, paths.analysis(model_key, key)).load() for key in filter_keys}
-        plot_entropy_vs_depth(measures, files[0], f"{model_key}: entropy vs depth")
-        plot_cka(measures[asked], files[1], f"{model_key}: layer similarity")
+    measures = {key: open_dataset(store, paths.analysis(model_key, key)).load() for key in filter_keys}
+    files = [plot_entropy_vs_depth(measures, f"{model_key}: entropy vs depth", path=folder / "entropy_vs_depth.png"),
+             plot_cka(measures[asked], f"{model_key}: layer similarity", path=folder / f"cka_{asked}.png")]
     return [str(path) for path in files]
 
 
