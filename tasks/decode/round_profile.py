@@ -2,11 +2,16 @@
 
 A round pays off only when τ exceeds its cost counted in plain steps (one token of Hugging Face
 `generate` decoding alone), so the profile states every part in that unit. The plain step is
-measured on the same prompts in the same run: generate's seconds for `max_new_tokens` tokens
-minus its seconds for one (the prefill), per token after the first.
+measured on the same prompts in the same run: generate's seconds from its first new token to its
+last, per token between (the prefill left out).
 """
 
 from __future__ import annotations
+
+import time
+
+import torch
+from transformers.generation.streamers import BaseStreamer
 
 from tasks.decode.spec_decode import plain_generate
 from tasks.decode.stopwatch import Stopwatch
@@ -14,18 +19,37 @@ from tasks.decode.stopwatch import Stopwatch
 OVERHEAD = "tensor and Python overhead"  # round time that no timed part accounts for
 
 
+class _TokenClock(BaseStreamer):
+    """When `generate` hands out each token (the first call carries the prompt)."""
+
+    def __init__(self, device: torch.device):
+        self.times: list[float] = []
+        self._sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+
+    def put(self, value) -> None:
+        self._sync()
+        self.times.append(time.perf_counter())
+
+    def end(self) -> None:
+        pass
+
+
 def plain_step_seconds(target, prompts: list[list[int]], max_new_tokens: int, eos_token_id: int | None) -> float:
-    """Seconds per token of Hugging Face greedy `generate` after the prefill, over `prompts`. The
-    prefill is the quickest of three runs and the whole generation the quicker of two: one slowed
-    by a busy moment would leave a step too long, or a negative one."""
+    """Seconds per token of Hugging Face greedy `generate` after the prefill, over `prompts`: the
+    time from its first new token to its last, timed as it hands them out, per token between. The
+    quicker of two runs per prompt, so a busy moment lengthens no step; never negative, where a
+    difference of two timed runs could be."""
     seconds = tokens = 0.0
     for prompt in prompts:
-        prefill = min(plain_generate(target, prompt, 1, eos_token_id).seconds for _ in range(3))
-        full = min((plain_generate(target, prompt, max_new_tokens, eos_token_id) for _ in range(2)),
-                   key=lambda generation: generation.seconds)
-        if len(full.tokens) > 1:
-            seconds += full.seconds - prefill
-            tokens += len(full.tokens) - 1
+        steps = []
+        for _ in range(2):
+            clock = _TokenClock(target.device)
+            plain_generate(target, prompt, max_new_tokens, eos_token_id, streamer=clock)
+            if len(clock.times) > 2:  # the prompt, the prefill's token, then at least one step
+                steps.append((clock.times[-1] - clock.times[1], len(clock.times) - 2))
+        if steps:
+            best = min(steps, key=lambda step: step[0] / step[1])
+            seconds, tokens = seconds + best[0], tokens + best[1]
     return seconds / max(tokens, 1)
 
 

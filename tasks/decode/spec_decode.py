@@ -248,10 +248,11 @@ def speculative_generate(target, layers: list[int], drafter, prompt: list[int], 
 
 @torch.no_grad()
 def plain_generate(target, prompt: list[int], max_new_tokens: int, eos_token_id: int | None,
-                   temperature: float = 0.0, prompt_lookup: int | None = None) -> Generation:
+                   temperature: float = 0.0, prompt_lookup: int | None = None, streamer=None) -> Generation:
     """The baseline: the target decoding alone with Hugging Face `generate`; with `prompt_lookup`,
     Hugging Face's prompt-lookup decoding instead (up to that many draft tokens copied from an
-    earlier occurrence of the last n-gram; no head needed)."""
+    earlier occurrence of the last n-gram; no head needed). `streamer` sees each token as
+    `generate` hands it out."""
     forwards = []
     counter = target.register_forward_pre_hook(lambda module, args: forwards.append(1))
     began = time.perf_counter()
@@ -262,7 +263,8 @@ def plain_generate(target, prompt: list[int], max_new_tokens: int, eos_token_id:
         out = target.generate(torch.tensor([prompt], device=target.device),
                               attention_mask=torch.ones(1, len(prompt), dtype=torch.long, device=target.device),
                               max_new_tokens=max_new_tokens, eos_token_id=eos_token_id,
-                              pad_token_id=eos_token_id if eos_token_id is not None else 0, **sampling, **lookup)
+                              pad_token_id=eos_token_id if eos_token_id is not None else 0, streamer=streamer,
+                              **sampling, **lookup)
     finally:
         counter.remove()
     tokens = _trim(out[0, len(prompt):].tolist(), max_new_tokens, eos_token_id)
