@@ -24,11 +24,11 @@ def _extract_parser(sub) -> None:
 
 
 def _run_extract(args) -> dict:
-    from flows.extract import extract
     from tasks.extract.request import ExtractRequest
 
     request = from_args(ExtractRequest, args)
-    check_ahead(request)  # bad input fails here, before Prefect starts
+    check_ahead(request)  # bad input fails here, before Prefect and the model's libraries load
+    from flows.extract import extract
     _configure_logging()
     summary = extract(**parameters(request))
     print(json.dumps(summary, indent=2))
@@ -44,11 +44,11 @@ def _analyze_parser(sub) -> None:
 
 
 def _run_analyze(args) -> dict:
-    from flows.analyze import analyze
     from tasks.stats.request import AnalyzeRequest
 
     request = from_args(AnalyzeRequest, args)
-    check_ahead(request)  # bad input fails here, before Prefect starts
+    check_ahead(request)  # bad input fails here, before Prefect and the model's libraries load
+    from flows.analyze import analyze
     _configure_logging()
     result = analyze(**parameters(request))
     _print_analysis(result)
@@ -80,13 +80,13 @@ def _select_parser(sub) -> None:
 
 
 def _run_select(args) -> dict:
-    from flows.selection import select
     from tasks.select.request import SelectRequest
 
     request = from_args(SelectRequest, args)
     if args.layers:
         request = dataclasses.replace(request, low=args.layers[0], high=args.layers[1])
-    check_ahead(request)  # bad input fails here, before Prefect starts
+    check_ahead(request)  # bad input fails here, before Prefect and the model's libraries load
+    from flows.selection import select
     _configure_logging()
     candidates = select(**parameters(request))
     shown = candidates[: args.limit] if args.limit else candidates
@@ -107,11 +107,11 @@ def _train_parser(sub) -> None:
 
 
 def _run_train(args) -> dict:
-    from flows.train import train_head
     from tasks.heads.request import TrainRequest
 
     request = from_args(TrainRequest, args)
-    check_ahead(request)  # bad input fails here, before Prefect starts
+    check_ahead(request)  # bad input fails here, before Prefect and the model's libraries load
+    from flows.train import train_head
     _configure_logging()
     summary = train_head(**parameters(request))
     print(f"head for layers {summary.layers} → {summary.out}: held-out accuracy per TTT step "
@@ -136,11 +136,11 @@ def _evaluate_parser(sub) -> None:
 def _run_evaluate(args) -> dict:
     if args.offline:
         return _run_evaluate_offline(args)
-    from flows.evaluate import evaluate
     from tasks.decode.request import EvaluateRequest
 
     request = from_args(EvaluateRequest, args)
-    check_ahead(request)  # bad input fails here, before Prefect starts
+    check_ahead(request)  # bad input fails here, before Prefect and the model's libraries load
+    from flows.evaluate import evaluate
     _configure_logging()
     result = evaluate(**parameters(request))
     if request.compare:
@@ -188,11 +188,11 @@ def comparison_table(result: dict) -> str:
 def _run_evaluate_offline(args) -> dict:
     if not args.store:
         raise LayerwaveError("--offline simulates decoding along a store's held-out replies; pass --store")
-    from flows.evaluate import evaluate_offline
     from tasks.decode.request import OfflineEvaluateRequest
 
     request = from_args(OfflineEvaluateRequest, args)
     check_ahead(request)
+    from flows.evaluate import evaluate_offline
     _configure_logging()
     result = evaluate_offline(**parameters(request))
     print(f"τ_offline ({result['draft']}) {result['tau']:.3f} (95% CI {result['tau_ci95'][0]:.3f}–{result['tau_ci95'][1]:.3f}) over "
@@ -211,11 +211,11 @@ def _generate_parser(sub) -> None:
 
 
 def _run_generate(args) -> dict:
-    from flows.generate import generate
     from tasks.data.generate_request import GenerateRequest
 
     request = from_args(GenerateRequest, args)
-    check_ahead(request)  # bad input fails here, before Prefect starts
+    check_ahead(request)  # bad input fails here, before Prefect and the model's libraries load
+    from flows.generate import generate
     _configure_logging()
     summary = generate(**parameters(request))
     print(json.dumps(summary, indent=2))
@@ -286,11 +286,11 @@ def _pipeline_parser(sub) -> None:
 
 
 def _run_pipeline(args) -> dict:
-    from flows.pipeline import pipeline
     from tasks.pipeline_request import RunRequest
 
     request = from_args(RunRequest, args)
-    check_ahead(request)  # bad input fails here, before Prefect starts
+    check_ahead(request)  # bad input fails here, before Prefect and the model's libraries load
+    from flows.pipeline import pipeline
     _configure_logging()
     summary = pipeline(**parameters(request))
     print(f"report: {summary.report}")

@@ -45,6 +45,12 @@ IDLE_SERVICES = ["SCHEDULER", "LATE_RUNS", "FOREMAN", "PAUSE_EXPIRATIONS", "REPO
                  "CLEANUP_RECONCILER", "TRIGGERS", "EVENT_PERSISTER", "TASK_RUN_RECORDER"]
 
 
+def run_folder(tmp_path_factory) -> Path:
+    """This test run's folder, shared by its pytest-xdist workers."""
+    folder = tmp_path_factory.getbasetemp()
+    return folder.parent if "PYTEST_XDIST_WORKER" in os.environ else folder
+
+
 @pytest.fixture(scope="session", autouse=True)
 def prefect_api(tmp_path_factory):
     """One Prefect test server for the whole test run, shared by its pytest-xdist workers; yields
@@ -54,11 +60,8 @@ def prefect_api(tmp_path_factory):
 
     from tests.prefect_server import shared_server
 
-    folder = tmp_path_factory.getbasetemp()
-    if "PYTEST_XDIST_WORKER" in os.environ:
-        folder = folder.parent  # shared by this run's workers
     idle = {f"PREFECT_SERVER_SERVICES_{name}_ENABLED": "false" for name in IDLE_SERVICES}
-    with shared_server(folder, idle) as url:
+    with shared_server(run_folder(tmp_path_factory), idle) as url:
         # No flow-run heartbeats in this process: a flow run's end waits for its heartbeat thread's
         # one-second sleep, about half a second per run, and the tests start hundreds of runs.
         with prefect.settings.temporary_settings(updates={prefect.settings.PREFECT_API_URL: url,

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import sqlite3
 import subprocess
 import sys
 import time
@@ -42,6 +43,14 @@ def shared_server(folder: Path, env: dict[str, str], timeout: float = 180):
                 state_file.unlink()
 
 
+def copy_database(folder: Path, target: Path) -> None:
+    """The test server's database, already migrated, copied (consistently, while it serves) to
+    `target`: a second server started on the copy skips the ~12 s of CPU its migrations take."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with sqlite3.connect(folder / "prefect-server.db") as source, sqlite3.connect(target) as copy:
+        source.backup(copy)
+
+
 def _start(folder: Path, env: dict[str, str], timeout: float) -> dict:
     """Prefect's own test server (uvicorn on its app factory, no UI), in a session of its own so it
     outlives the worker that started it."""
@@ -55,16 +64,19 @@ def _start(folder: Path, env: dict[str, str], timeout: float) -> dict:
             stdout=subprocess.DEVNULL, stderr=log, start_new_session=True)
     url = f"http://127.0.0.1:{port}/api"
     deadline = time.monotonic() + timeout
-    while True:
-        try:
-            if httpx.get(f"{url}/health").status_code == 200:
-                return {"url": url, "pid": server.pid, "users": 0}
-        except httpx.TransportError:
-            pass
-        if server.poll() is not None or time.monotonic() > deadline:
-            _stop(server.pid)
-            raise RuntimeError(f"the Prefect test server did not start; see {folder / 'prefect-server.log'}")
-        time.sleep(0.1)
+    # One client for every poll: each new httpx client loads the CA bundle (~50 ms of CPU), which
+    # would take a third of a core from the starting server.
+    with httpx.Client() as client:
+        while True:
+            try:
+                if client.get(f"{url}/health").status_code == 200:
+                    return {"url": url, "pid": server.pid, "users": 0}
+            except httpx.TransportError:
+                pass
+            if server.poll() is not None or time.monotonic() > deadline:
+                _stop(server.pid)
+                raise RuntimeError(f"the Prefect test server did not start; see {folder / 'prefect-server.log'}")
+            time.sleep(0.1)
 
 
 def _stop(pid: int) -> None:

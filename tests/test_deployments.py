@@ -18,7 +18,8 @@ import pytest
 import xarray as xr
 
 from flows.pipeline import pipeline
-from tests.conftest import TINY, saved_checkpoint
+from tests.conftest import TINY, run_folder, saved_checkpoint
+from tests.prefect_server import copy_database
 from tests.processes import free_port
 
 REPO = Path(__file__).resolve().parents[1]
@@ -67,8 +68,9 @@ def objects(fs, prefix: str) -> dict[str, str]:
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory, bucket):
+def server(tmp_path_factory, bucket, prefect_api):
     run_dir = tmp_path_factory.mktemp("prefect-server")
+    copy_database(run_folder(tmp_path_factory), run_dir / "home" / "prefect.db")
     port = free_port()
     env = {**os.environ, **bucket[0], "LAYERWAVE_RUN_DIR": str(run_dir), "LAYERWAVE_PREFECT_PORT": str(port),
            "PREFECT_HOME": str(run_dir / "home"), "LAYERWAVE_REGISTRY": str(run_dir / "models.toml"),
