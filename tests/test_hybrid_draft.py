@@ -15,7 +15,7 @@ from flows.cli import main
 from tasks.decode.context_lookup import ContextLookup
 from tasks.decode.draft_auto import choose
 from tasks.decode.lossless import TieCheck, first_divergence
-from tasks.decode.spec_decode import (HeadDrafter, HybridDrafter, LookupDrafter, accept_sampled, plain_generate,
+from tasks.decode.spec_decode import (HybridDrafter, LookupDrafter, accept_sampled, plain_generate,
                                       speculative_generate)
 from tasks.decode.tree_decode import DraftTree
 from tasks.heads.export_head import export

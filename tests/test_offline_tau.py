@@ -7,7 +7,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
 
 from flows.cli import main
 from tasks.decode.context_lookup import LOOKUP_TOKENS
