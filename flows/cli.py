@@ -27,7 +27,7 @@ def _run_extract(args) -> dict:
     from tasks.extract.request import ExtractRequest
 
     request = from_args(ExtractRequest, args)
-    check_ahead(request)  # bad input fails here, before Prefect and the model's libraries load
+    check_ahead(request)  # bad input fails here, before the flow is imported and Prefect starts
     from flows.extract import extract
     _configure_logging()
     summary = extract(**parameters(request))
@@ -47,7 +47,7 @@ def _run_analyze(args) -> dict:
     from tasks.stats.request import AnalyzeRequest
 
     request = from_args(AnalyzeRequest, args)
-    check_ahead(request)  # bad input fails here, before Prefect and the model's libraries load
+    check_ahead(request)  # bad input fails here, before the flow is imported and Prefect starts
     from flows.analyze import analyze
     _configure_logging()
     result = analyze(**parameters(request))
@@ -85,7 +85,7 @@ def _run_select(args) -> dict:
     request = from_args(SelectRequest, args)
     if args.layers:
         request = dataclasses.replace(request, low=args.layers[0], high=args.layers[1])
-    check_ahead(request)  # bad input fails here, before Prefect and the model's libraries load
+    check_ahead(request)  # bad input fails here, before the flow is imported and Prefect starts
     from flows.selection import select
     _configure_logging()
     candidates = select(**parameters(request))
@@ -110,7 +110,7 @@ def _run_train(args) -> dict:
     from tasks.heads.request import TrainRequest
 
     request = from_args(TrainRequest, args)
-    check_ahead(request)  # bad input fails here, before Prefect and the model's libraries load
+    check_ahead(request)  # bad input fails here, before the flow is imported and Prefect starts
     from flows.train import train_head
     _configure_logging()
     summary = train_head(**parameters(request))
@@ -139,7 +139,7 @@ def _run_evaluate(args) -> dict:
     from tasks.decode.request import EvaluateRequest
 
     request = from_args(EvaluateRequest, args)
-    check_ahead(request)  # bad input fails here, before Prefect and the model's libraries load
+    check_ahead(request)  # bad input fails here, before the flow is imported and Prefect starts
     from flows.evaluate import evaluate
     _configure_logging()
     result = evaluate(**parameters(request))
@@ -214,7 +214,7 @@ def _run_generate(args) -> dict:
     from tasks.data.generate_request import GenerateRequest
 
     request = from_args(GenerateRequest, args)
-    check_ahead(request)  # bad input fails here, before Prefect and the model's libraries load
+    check_ahead(request)  # bad input fails here, before the flow is imported and Prefect starts
     from flows.generate import generate
     _configure_logging()
     summary = generate(**parameters(request))
@@ -289,7 +289,7 @@ def _run_pipeline(args) -> dict:
     from tasks.pipeline_request import RunRequest
 
     request = from_args(RunRequest, args)
-    check_ahead(request)  # bad input fails here, before Prefect and the model's libraries load
+    check_ahead(request)  # bad input fails here, before the flow is imported and Prefect starts
     from flows.pipeline import pipeline
     _configure_logging()
     summary = pipeline(**parameters(request))
