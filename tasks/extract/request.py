@@ -54,7 +54,6 @@ class ExtractRequest:
         from store.access import check_schema
         from store.dtypes import choose_storage_dtype
         from store.lock import refuse_if_busy
-        from tasks.data import load_model
         from tasks.data.corpus import load_corpus
         from tasks.data.regen_corpus import generator_key
         from tasks.data.registry import resolve
@@ -67,6 +66,8 @@ class ExtractRequest:
         part = parse_part(self.part)
         spec = resolve(self.model)
         check_schema(self.store)
+        from tasks.data import load_model  # only now (transformers, ~5 s): an unknown model is refused before
+
         load_model.pick_device(self.device)
         load_model.pick_dtype(self.dtype)
         choose_storage_dtype(self.storage_dtype, load_model.DTYPES["float32"], 0.0)

@@ -64,10 +64,7 @@ class TrainRequest:
         """Every mistake, before any training starts; opens the activations once and resolves
         the layer set, the output directory, the training recipe and the target for the export."""
         from store.read import open_activations
-        from tasks.data import load_model
         from tasks.data.registry import check_group_model, store_key
-        from tasks.heads.export_head import to_runtime_ids
-        from tasks.heads.train_head import preset
 
         model_key = store_key(self.model)
         ds = open_activations(self.store, model_key)
@@ -84,6 +81,11 @@ class TrainRequest:
                   "lm_head_lr_scale": self.lm_head_lr_scale, "layer_scaling": self.layer_scaling,
                   "loss_on_prompt": self.loss_on_prompt, "ttt_warmup": self.ttt_warmup,
                   "attend_self": self.attend_self}  # None keeps the preset's
+        # Only now the modules that load transformers (~5 s): a store or layer mistake is refused before.
+        from tasks.data import load_model
+        from tasks.heads.export_head import to_runtime_ids
+        from tasks.heads.train_head import preset
+
         device = load_model.pick_device(self.device)
         config = preset(self.preset_name, seed=self.seed, ttt_steps=self.ttt_steps, epochs=self.epochs,
                         precision=resolve_precision(self.precision, device), **recipe)
