@@ -116,12 +116,8 @@ def extracted(tmp_path_factory, corpus, prefect_api):
 def built_once(tmp_path_factory, name: str, build) -> Path:
     """`build(folder)` once per test run: under pytest-xdist the first worker to ask builds it (a
     file lock keeps the others waiting) and every worker reads the same folder, which tests only
-    read. Without xdist, a folder of this run's own."""
-    if "PYTEST_XDIST_WORKER" not in os.environ:
-        folder = tmp_path_factory.mktemp(name)
-        build(folder)
-        return folder
-    folder = tmp_path_factory.getbasetemp().parent / name  # shared by this run's workers
+    read. Without xdist, the lock is uncontended."""
+    folder = run_folder(tmp_path_factory) / name
     with FileLock(f"{folder}.lock"):
         if not (folder / ".built").exists():
             shutil.rmtree(folder, ignore_errors=True)

@@ -12,7 +12,7 @@ import sqlite3
 import subprocess
 import sys
 import time
-from contextlib import contextmanager
+from contextlib import closing, contextmanager
 from pathlib import Path
 
 import httpx
@@ -47,15 +47,19 @@ def copy_database(folder: Path, target: Path) -> None:
     """The test server's database, already migrated, copied (consistently, while it serves) to
     `target`: a second server started on the copy skips the ~12 s of CPU its migrations take."""
     target.parent.mkdir(parents=True, exist_ok=True)
-    with sqlite3.connect(folder / "prefect-server.db") as source, sqlite3.connect(target) as copy:
+    with closing(sqlite3.connect(_database(folder))) as source, closing(sqlite3.connect(target)) as copy:
         source.backup(copy)
+
+
+def _database(folder: Path) -> Path:
+    return folder / "prefect-server.db"
 
 
 def _start(folder: Path, env: dict[str, str], timeout: float) -> dict:
     """Prefect's own test server (uvicorn on its app factory, no UI), in a session of its own so it
     outlives the worker that started it."""
     port = free_port()
-    database = f"sqlite+aiosqlite:///{folder / 'prefect-server.db'}"
+    database = f"sqlite+aiosqlite:///{_database(folder)}"
     with open(folder / "prefect-server.log", "w") as log:
         server = subprocess.Popen(
             [sys.executable, "-m", "uvicorn", "--factory", "prefect.server.api.server:create_app", "--host",

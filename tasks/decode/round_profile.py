@@ -14,7 +14,7 @@ import torch
 from transformers.generation.streamers import BaseStreamer
 
 from tasks.decode.spec_decode import plain_generate
-from tasks.decode.stopwatch import Stopwatch
+from tasks.decode.stopwatch import Stopwatch, device_sync
 
 OVERHEAD = "tensor and Python overhead"  # round time that no timed part accounts for
 
@@ -24,7 +24,7 @@ class _TokenClock(BaseStreamer):
 
     def __init__(self, device: torch.device):
         self.times: list[float] = []
-        self._sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+        self._sync = device_sync(device)
 
     def put(self, value) -> None:
         self._sync()

@@ -14,12 +14,16 @@ from contextlib import contextmanager, nullcontext
 import torch
 
 
+def device_sync(device: torch.device | str):
+    """What waits for `device`'s queued work before a clock is read (nothing on a CPU)."""
+    return torch.cuda.synchronize if torch.device(device).type == "cuda" else (lambda: None)
+
+
 class Stopwatch:
     def __init__(self, device: torch.device | str = "cpu"):
         self.seconds: dict[str, float] = defaultdict(float)
         self.calls: dict[str, int] = defaultdict(int)
-        cuda = torch.device(device).type == "cuda"
-        self._sync = torch.cuda.synchronize if cuda else (lambda: None)
+        self._sync = device_sync(device)
 
     @contextmanager
     def part(self, name: str):
