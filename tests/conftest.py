@@ -51,6 +51,29 @@ def run_folder(tmp_path_factory) -> Path:
     return folder.parent if "PYTEST_XDIST_WORKER" in os.environ else folder
 
 
+IDLE_ENV = {f"PREFECT_SERVER_SERVICES_{name}_ENABLED": "false" for name in IDLE_SERVICES}
+SERVER_FOLDER = pytest.StashKey[Path]()  # where the run's server keeps its state, in the starting process
+
+
+@pytest.hookimpl(trylast=True)  # after pytest's own configure, which makes the run's temporary folder
+def pytest_configure(config):
+    """The process that starts the pytest-xdist workers (or runs the tests itself) launches the
+    test server now, so its start overlaps the workers' imports and collection (about 20 s) instead
+    of following them; it holds the server until the run ends."""
+    from tests.prefect_server import reserve
+
+    if not hasattr(config, "workerinput") and not (config.option.collectonly or config.option.help):
+        config.stash[SERVER_FOLDER] = run_folder(config._tmp_path_factory)
+        reserve(config.stash[SERVER_FOLDER], IDLE_ENV)
+
+
+def pytest_unconfigure(config):
+    from tests.prefect_server import release
+
+    if SERVER_FOLDER in config.stash:
+        release(config.stash[SERVER_FOLDER])
+
+
 @pytest.fixture(scope="session", autouse=True)
 def prefect_api(tmp_path_factory):
     """One Prefect test server for the whole test run, shared by its pytest-xdist workers; yields
@@ -60,8 +83,7 @@ def prefect_api(tmp_path_factory):
 
     from tests.prefect_server import shared_server
 
-    idle = {f"PREFECT_SERVER_SERVICES_{name}_ENABLED": "false" for name in IDLE_SERVICES}
-    with shared_server(run_folder(tmp_path_factory), idle) as url:
+    with shared_server(run_folder(tmp_path_factory), IDLE_ENV) as url:
         # No flow-run heartbeats in this process: a flow run's end waits for its heartbeat thread's
         # one-second sleep, about half a second per run, and the tests start hundreds of runs.
         with prefect.settings.temporary_settings(updates={prefect.settings.PREFECT_API_URL: url,

@@ -1,7 +1,7 @@
-"""One Prefect test server for every pytest-xdist worker of a test run: the first worker to ask
-starts it, the last one to finish stops it by PID. A server on a fresh database spends about 20 s
-of CPU on its start (mostly migrations), and each one running adds its own load to the cores the
-tests share."""
+"""One Prefect test server for every pytest-xdist worker of a test run: the process that starts
+the workers launches it before they collect (conftest.py), and the last holder stops it by PID. A
+server on a fresh database spends about 20 s of CPU on its start (mostly migrations), and each one
+running adds its own load to the cores the tests share."""
 
 from __future__ import annotations
 
@@ -25,22 +25,35 @@ from tests.processes import free_port
 def shared_server(folder: Path, env: dict[str, str], timeout: float = 180):
     """The API URL of the test run's server in `folder` (started with `env` added to this
     process's environment), held until the context ends."""
-    state_file = folder / "prefect-server.json"
-    with FileLock(f"{state_file}.lock"):
-        state = json.loads(state_file.read_text()) if state_file.exists() else _start(folder, env, timeout)
-        state["users"] += 1
-        state_file.write_text(json.dumps(state))
+    state = reserve(folder, env)
     try:
+        _wait_until_up(folder, state, timeout)
         yield state["url"]
     finally:
-        with FileLock(f"{state_file}.lock"):
-            state = json.loads(state_file.read_text())
-            state["users"] -= 1
-            if state["users"]:
-                state_file.write_text(json.dumps(state))
-            else:
-                _stop(state["pid"])
-                state_file.unlink()
+        release(folder)
+
+
+def reserve(folder: Path, env: dict[str, str]) -> dict:
+    """Hold the run's server, launching it if no one has: it may still be starting on return."""
+    state_file = folder / "prefect-server.json"
+    with FileLock(f"{state_file}.lock"):
+        state = json.loads(state_file.read_text()) if state_file.exists() else _launch(folder, env)
+        state["users"] += 1
+        state_file.write_text(json.dumps(state))
+    return state
+
+
+def release(folder: Path) -> None:
+    """Let go of the run's server; the last holder stops it."""
+    state_file = folder / "prefect-server.json"
+    with FileLock(f"{state_file}.lock"):
+        state = json.loads(state_file.read_text())
+        state["users"] -= 1
+        if state["users"]:
+            state_file.write_text(json.dumps(state))
+        else:
+            _stop(state["pid"])
+            state_file.unlink()
 
 
 def copy_database(folder: Path, target: Path) -> None:
@@ -55,9 +68,9 @@ def _database(folder: Path) -> Path:
     return folder / "prefect-server.db"
 
 
-def _start(folder: Path, env: dict[str, str], timeout: float) -> dict:
+def _launch(folder: Path, env: dict[str, str]) -> dict:
     """Prefect's own test server (uvicorn on its app factory, no UI), in a session of its own so it
-    outlives the worker that started it."""
+    outlives the process that started it."""
     port = free_port()
     database = f"sqlite+aiosqlite:///{_database(folder)}"
     with open(folder / "prefect-server.log", "w") as log:
@@ -66,21 +79,31 @@ def _start(folder: Path, env: dict[str, str], timeout: float) -> dict:
              "127.0.0.1", "--port", str(port), "--log-level", "error", "--lifespan", "on"],
             env={**os.environ, **env, "PREFECT_UI_ENABLED": "0", "PREFECT_SERVER_DATABASE_CONNECTION_URL": database},
             stdout=subprocess.DEVNULL, stderr=log, start_new_session=True)
-    url = f"http://127.0.0.1:{port}/api"
+    return {"url": f"http://127.0.0.1:{port}/api", "pid": server.pid, "users": 0}
+
+
+def _wait_until_up(folder: Path, state: dict, timeout: float) -> None:
+    """Poll the server's health until it answers; fail if it exits or `timeout` passes first."""
     deadline = time.monotonic() + timeout
     # One client for every poll: each new httpx client loads the CA bundle (~50 ms of CPU), which
     # would take a third of a core from the starting server.
     with httpx.Client() as client:
         while True:
             try:
-                if client.get(f"{url}/health").status_code == 200:
-                    return {"url": url, "pid": server.pid, "users": 0}
+                if client.get(f"{state['url']}/health").status_code == 200:
+                    return
             except httpx.TransportError:
                 pass
-            if server.poll() is not None or time.monotonic() > deadline:
-                _stop(server.pid)
+            if not _alive(state["pid"]) or time.monotonic() > deadline:
                 raise RuntimeError(f"the Prefect test server did not start; see {folder / 'prefect-server.log'}")
             time.sleep(0.1)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return not _reaped(pid) and os.kill(pid, 0) is None
+    except ProcessLookupError:
+        return False
 
 
 def _stop(pid: int) -> None:

@@ -14,7 +14,7 @@ import zarr
 
 from flows import EPHEMERAL_STARTUP_TIMEOUT
 from tests.conftest import TINY
-from tests.processes import cli_argv, error_line
+from tests.processes import cli_argv, error_line, wait_until
 
 REPO = Path(__file__).parents[1]
 
@@ -27,15 +27,18 @@ def new_users_env(prefect_home: Path, **extra: str) -> dict:
 
 @pytest.fixture
 def cpu_hogs():
-    """Busy loops that, with the other tests running beside this one, keep every core taken;
-    stopped by PID whatever the test does."""
+    """Busy loops that, with the other tests running beside this one, keep every core taken; the
+    fixture yields the function that stops them (by PID), called again whatever the test does."""
     workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
     count = max(1, (os.cpu_count() or 2) - workers + 1)
     hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(count)]
-    yield len(hogs)
-    for hog in hogs:
-        hog.kill()
-        hog.wait()
+
+    def stop():
+        for hog in hogs:
+            hog.kill()
+            hog.wait()
+    yield stop
+    stop()
 
 
 def extraction(store: Path) -> list[str]:
@@ -43,10 +46,18 @@ def extraction(store: Path) -> list[str]:
 
 
 def test_a_command_on_the_embedded_server_succeeds_while_every_core_is_busy(tmp_path, cpu_hogs):
-    store = tmp_path / "store.zarr"
-    done = subprocess.run(extraction(store), env=new_users_env(tmp_path / "prefect"), cwd=REPO,
-                          capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stderr
+    """The hogs run until the extraction's flow has begun (its store appears; the store is only
+    written from inside the flow, on the server): the server came up under them."""
+    store, log = tmp_path / "store.zarr", tmp_path / "stderr.log"
+    with open(log, "w") as stderr:
+        command = subprocess.Popen(extraction(store), env=new_users_env(tmp_path / "prefect"), cwd=REPO,
+                                   stdout=subprocess.DEVNULL, stderr=stderr)
+        try:
+            wait_until(store.exists, command, timeout=300)
+            cpu_hogs()
+            assert command.wait(timeout=600) == 0, log.read_text()[-3000:]
+        finally:
+            command.kill()
     assert zarr.open_group(store, path=f"{TINY}/activations", mode="r").attrs["complete"] is True
 
 
