@@ -4,15 +4,22 @@ float16 halves the disk of float32 but overflows past 65504; bfloat16 keeps floa
 3.1 has no bfloat16 dtype, so a bfloat16 array is declared float32 and kept as bfloat16 on disk by
 a codec (store/bfloat16_codec.py): every reader gets float32 back. Stores written before that
 codec hold the raw bits as uint16; `decode` still reads them.
+
+Reading needs numpy alone: torch (3.5 s of import) is imported by the writers' functions only, so
+analysis, selection, reports and `verify` start without it.
 """
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
-import torch
 
 from store.bfloat16_codec import BFloat16Codec, from_bfloat16_bits
 from store.errors import LayerwaveError
+
+if TYPE_CHECKING:
+    import torch
 
 FLOAT16_MAX = 65504.0
 STORAGE_DTYPES = ("float16", "bfloat16", "float32")
@@ -28,6 +35,8 @@ def filters(storage_dtype: str) -> list:
 def encode(hidden: torch.Tensor, storage_dtype: str) -> np.ndarray:
     """Convert hidden states (layers, tokens, hidden) to the array written to Zarr, refusing to
     store NaN, inf or a float16 overflow."""
+    import torch
+
     finite = torch.isfinite(hidden)
     if not finite.all():
         where = f" (first at layer {int(torch.nonzero(~finite)[0, 0])})" if hidden.dim() == 3 else ""
@@ -54,6 +63,8 @@ def decode(stored: np.ndarray) -> np.ndarray:
 
 def choose_storage_dtype(requested: str, compute_dtype: torch.dtype, probe_peak: float) -> str:
     """Pick the storage dtype: lossless for 16-bit models, float16 when the probe leaves headroom."""
+    import torch
+
     if requested != "auto":
         if requested not in STORAGE_DTYPES:
             raise LayerwaveError(f"unknown --storage-dtype {requested!r}; use auto, {', '.join(STORAGE_DTYPES)}")
