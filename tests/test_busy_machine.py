@@ -1,6 +1,7 @@
 """A busy machine is not an error. A new user has no Prefect server: the first command starts
 Prefect's embedded one, which must come up while other jobs hold every core; when it cannot, the
-command says so in one line, with the fix, and changes nothing."""
+command says so in one line, with the fix, and changes nothing. The command here analyses a small
+synthetic store: any flow starts the server the same way, and this one loads no model."""
 
 from __future__ import annotations
 
@@ -9,14 +10,17 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 import zarr
 
 from flows import EPHEMERAL_STARTUP_TIMEOUT
-from tests.conftest import TINY
+from store.synthetic import write_synthetic
 from tests.processes import cli_argv, error_line, wait_until
+from tests.test_bad_input import snapshot
 
 REPO = Path(__file__).parents[1]
+MODEL = "synthetic"
 
 
 def new_users_env(prefect_home: Path, **extra: str) -> dict:
@@ -41,31 +45,39 @@ def cpu_hogs():
     stop()
 
 
-def extraction(store: Path) -> list[str]:
-    return cli_argv("extract", {"model": TINY, "corpus": "mt-bench", "tokens": 300, "store": store, "device": "cpu"})
+@pytest.fixture
+def store(tmp_path) -> Path:
+    values = np.random.default_rng(0).standard_normal((4, 512, 16)).astype(np.float32)
+    write_synthetic(str(tmp_path / "store.zarr"), MODEL, n_layers=4, hidden_size=16, n_tokens=512,
+                    shard_values=lambda start, stop: values[:, start:stop], tokens_per_chunk=32, chunks_per_shard=2)
+    return tmp_path / "store.zarr"
 
 
-def test_a_command_on_the_embedded_server_succeeds_while_every_core_is_busy(tmp_path, cpu_hogs):
-    """The hogs run until the extraction's flow has begun (its store appears; the store is only
+def analysis(store: Path) -> list[str]:
+    return cli_argv("analyze", {"model": MODEL, "store": store})
+
+
+def test_a_command_on_the_embedded_server_succeeds_while_every_core_is_busy(tmp_path, store, cpu_hogs):
+    """The hogs run until the analysis flow has begun (its statistics appear; they are only
     written from inside the flow, on the server): the server came up under them."""
-    store, log = tmp_path / "store.zarr", tmp_path / "stderr.log"
+    log = tmp_path / "stderr.log"
     with open(log, "w") as stderr:
-        command = subprocess.Popen(extraction(store), env=new_users_env(tmp_path / "prefect"), cwd=REPO,
+        command = subprocess.Popen(analysis(store), env=new_users_env(tmp_path / "prefect"), cwd=REPO,
                                    stdout=subprocess.DEVNULL, stderr=stderr)
         try:
-            wait_until(store.exists, command, timeout=300)
+            wait_until((store / MODEL / "stats").exists, command, timeout=300)
             cpu_hogs()
             assert command.wait(timeout=600) == 0, log.read_text()[-3000:]
         finally:
             command.kill()
-    assert zarr.open_group(store, path=f"{TINY}/activations", mode="r").attrs["complete"] is True
+    assert zarr.open_group(store, path=f"{MODEL}/stats/all", mode="r").attrs["complete"] is True
 
 
-def test_a_server_that_does_not_start_in_time_is_one_line_and_changes_nothing(tmp_path):
-    store = tmp_path / "store.zarr"
+def test_a_server_that_does_not_start_in_time_is_one_line_and_changes_nothing(tmp_path, store):
+    before = snapshot(store)
     env = new_users_env(tmp_path / "prefect", **{EPHEMERAL_STARTUP_TIMEOUT: "0"})
-    done = subprocess.run(extraction(store), env=env, cwd=REPO, capture_output=True, text=True, timeout=600)
+    done = subprocess.run(analysis(store), env=env, cwd=REPO, capture_output=True, text=True, timeout=600)
     assert done.returncode == 1
     line = error_line(done.stderr)
     assert "did not start within 0 s" in line and EPHEMERAL_STARTUP_TIMEOUT in line and "PREFECT_API_URL" in line
-    assert not store.exists()
+    assert snapshot(store) == before
