@@ -35,7 +35,7 @@ def shared_server(folder: Path, env: dict[str, str], timeout: float = 180):
 
 def reserve(folder: Path, env: dict[str, str]) -> dict:
     """Hold the run's server, launching it if no one has: it may still be starting on return."""
-    state_file = folder / "prefect-server.json"
+    state_file = _state_file(folder)
     with FileLock(f"{state_file}.lock"):
         state = json.loads(state_file.read_text()) if state_file.exists() else _launch(folder, env)
         state["users"] += 1
@@ -45,7 +45,7 @@ def reserve(folder: Path, env: dict[str, str]) -> dict:
 
 def release(folder: Path) -> None:
     """Let go of the run's server; the last holder stops it."""
-    state_file = folder / "prefect-server.json"
+    state_file = _state_file(folder)
     with FileLock(f"{state_file}.lock"):
         state = json.loads(state_file.read_text())
         state["users"] -= 1
@@ -66,6 +66,11 @@ def copy_database(folder: Path, target: Path) -> None:
 
 def _database(folder: Path) -> Path:
     return folder / "prefect-server.db"
+
+
+def _state_file(folder: Path) -> Path:
+    """The server's URL, PID and holder count, read and written under its file lock."""
+    return folder / "prefect-server.json"
 
 
 def _launch(folder: Path, env: dict[str, str]) -> dict:
@@ -100,10 +105,14 @@ def _wait_until_up(folder: Path, state: dict, timeout: float) -> None:
 
 
 def _alive(pid: int) -> bool:
+    """Whether the server still runs (reaping it first where this process started it)."""
+    if _reaped(pid):
+        return False
     try:
-        return not _reaped(pid) and os.kill(pid, 0) is None
+        os.kill(pid, 0)
     except ProcessLookupError:
         return False
+    return True
 
 
 def _stop(pid: int) -> None:
@@ -115,11 +124,7 @@ def _stop(pid: int) -> None:
             return
         deadline = time.monotonic() + wait
         while time.monotonic() < deadline:
-            try:
-                if _reaped(pid):
-                    return
-                os.kill(pid, 0)
-            except ProcessLookupError:
+            if not _alive(pid):
                 return
             time.sleep(0.05)
 
