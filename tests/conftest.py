@@ -23,13 +23,6 @@ os.environ["HF_HUB_OFFLINE"] = "1"
 # No test reads a run's logs back from the API: neither this process nor any it starts ships them.
 os.environ["PREFECT_LOGGING_TO_API_ENABLED"] = "false"
 os.environ.setdefault("LAYERWAVE_CACHE", os.path.join(_SESSION_DIR, "cache"))
-# CPU float sums depend on how many threads split them; one fixed count for this process and every
-# subprocess it starts (they inherit it), so trained weights compare bit for bit across them. Under
-# pytest-xdist the cores are split between the workers, so parallel tests do not oversubscribe them.
-_WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
-_THREADS = str(max(1, min(2, (os.cpu_count() or 1) // _WORKERS)))
-for _variable, _value in {"OMP_NUM_THREADS": _THREADS, "MKL_NUM_THREADS": _THREADS, "MKL_DYNAMIC": "FALSE"}.items():
-    os.environ.setdefault(_variable, _value)
 
 TINY = "tiny-random-llama"
 LAYERS = [2, 4, 5]  # the EAGLE-3 default for the tiny model's 8 layers
@@ -55,13 +48,32 @@ IDLE_ENV = {f"PREFECT_SERVER_SERVICES_{name}_ENABLED": "false" for name in IDLE_
 SERVER_FOLDER = pytest.StashKey[Path]()  # where the run's server keeps its state, in the starting process
 
 
+def share_the_cores(config) -> None:
+    """CPU float sums depend on how many threads split them: one fixed count for each process that
+    runs tests and every subprocess it starts (they inherit it), so trained weights compare bit for
+    bit across them. Under pytest-xdist each worker takes its share of the cores; the process that
+    starts the workers sets nothing, or its count would pass to them (two workers of two threads
+    on two cores: twice the CPU time for the same work)."""
+    if hasattr(config, "workerinput"):
+        workers = int(config.workerinput["workercount"])
+    elif getattr(config.option, "numprocesses", None):
+        return
+    else:
+        workers = 1
+    threads = str(max(1, min(2, (os.cpu_count() or 1) // workers)))
+    for variable, value in {"OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads, "MKL_DYNAMIC": "FALSE"}.items():
+        os.environ.setdefault(variable, value)
+
+
 @pytest.hookimpl(trylast=True)  # after pytest's own configure, which makes the run's temporary folder
 def pytest_configure(config):
-    """The process that starts the pytest-xdist workers (or runs the tests itself) launches the
-    test server now, so its start overlaps the workers' imports and collection (about 20 s) instead
-    of following them; it holds the server until the run ends."""
+    """Each test process takes its share of the cores (before any test module imports torch). The
+    process that starts the pytest-xdist workers (or runs the tests itself) launches the test server
+    now, so its start overlaps the workers' imports and collection (about 20 s) instead of following
+    them; it holds the server until the run ends."""
     from tests.prefect_server import reserve
 
+    share_the_cores(config)
     if not hasattr(config, "workerinput") and not (config.option.collectonly or config.option.help):
         config.stash[SERVER_FOLDER] = run_folder(config._tmp_path_factory)
         reserve(config.stash[SERVER_FOLDER], IDLE_ENV)
