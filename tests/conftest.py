@@ -222,13 +222,14 @@ def saved_checkpoint(tiny, folder) -> str:
 # alone at the end while the other core idles. (Without the flag xdist orders modules by their number
 # of tests, which puts the few-test, long end-to-end modules last.) Ordered by seconds measured on a
 # 2-core machine; modules not listed follow in their own order.
-# test_generate.py comes well before test_tree_decode.py: both read the `regen` fixture, and the
-# second to start would otherwise wait, its core idle, while the first builds it.
-LONGEST_FIRST = ["test_deployments.py", "test_study.py", "test_faults.py", "test_pipeline.py", "test_generate.py",
-                 "test_busy_machine.py", "test_every_mistake.py", "test_tree_decode.py", "test_stats_wide.py",
-                 "test_resume.py", "test_draft_head.py", "test_bad_input.py", "test_hybrid_draft.py",
-                 "test_requests.py", "test_precision.py", "test_scale_out.py", "test_compare.py", "test_offline_tau.py",
-                 "test_head_inputs.py", "test_readme.py", "test_user_mistakes.py"]
+# test_generate.py comes two modules before test_tree_decode.py: both read the `regen` fixture, and
+# the second to start would otherwise wait, its core idle, while the first builds it.
+LONGEST_FIRST = ["test_deployments.py", "test_study.py", "test_faults.py", "test_pipeline.py", "test_busy_machine.py",
+                 "test_bad_input.py", "test_generate.py", "test_resume.py", "test_scale_out.py", "test_tree_decode.py",
+                 "test_draft_head.py", "test_stats_wide.py", "test_stats.py", "test_training_stores.py",
+                 "test_precision.py", "test_user_mistakes.py", "test_hybrid_draft.py", "test_requests.py",
+                 "test_readme.py", "test_spec_decode.py", "test_compare.py", "test_head_inputs.py", "test_selection.py",
+                 "test_offline_tau.py"]
 
 
 def pytest_collection_modifyitems(items):
