@@ -48,19 +48,20 @@ IDLE_ENV = {f"PREFECT_SERVER_SERVICES_{name}_ENABLED": "false" for name in IDLE_
 SERVER_FOLDER = pytest.StashKey[Path]()  # where the run's server keeps its state, in the starting process
 
 
+def parallel_test_processes() -> int:
+    """How many processes run tests side by side: the pytest-xdist workers (set in each of them), else one."""
+    return int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+
+
 def share_the_cores(config) -> None:
     """CPU float sums depend on how many threads split them: one fixed count for each process that
     runs tests and every subprocess it starts (they inherit it), so trained weights compare bit for
     bit across them. Under pytest-xdist each worker takes its share of the cores; the process that
     starts the workers sets nothing, or its count would pass to them (two workers of two threads
     on two cores: twice the CPU time for the same work)."""
-    if hasattr(config, "workerinput"):
-        workers = int(config.workerinput["workercount"])
-    elif getattr(config.option, "numprocesses", None):
+    if not hasattr(config, "workerinput") and getattr(config.option, "numprocesses", None):
         return
-    else:
-        workers = 1
-    threads = str(max(1, min(2, (os.cpu_count() or 1) // workers)))
+    threads = str(max(1, min(2, (os.cpu_count() or 1) // parallel_test_processes())))
     for variable, value in {"OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads, "MKL_DYNAMIC": "FALSE"}.items():
         os.environ.setdefault(variable, value)
 

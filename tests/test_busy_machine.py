@@ -15,9 +15,10 @@ import pytest
 import zarr
 
 from flows import EPHEMERAL_STARTUP_TIMEOUT
-from store.synthetic import write_synthetic
+from tests.conftest import parallel_test_processes
 from tests.processes import cli_argv, error_line, wait_until
 from tests.test_bad_input import snapshot
+from tests.test_stats import synthetic_store
 
 REPO = Path(__file__).parents[1]
 MODEL = "synthetic"
@@ -33,8 +34,7 @@ def new_users_env(prefect_home: Path, **extra: str) -> dict:
 def cpu_hogs():
     """Busy loops that, with the other tests running beside this one, keep every core taken; the
     fixture yields the function that stops them (by PID), called again whatever the test does."""
-    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
-    count = max(1, (os.cpu_count() or 2) - workers + 1)
+    count = max(1, (os.cpu_count() or 2) - parallel_test_processes() + 1)
     hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(count)]
 
     def stop():
@@ -47,10 +47,8 @@ def cpu_hogs():
 
 @pytest.fixture
 def store(tmp_path) -> Path:
-    values = np.random.default_rng(0).standard_normal((4, 512, 16)).astype(np.float32)
-    write_synthetic(str(tmp_path / "store.zarr"), MODEL, n_layers=4, hidden_size=16, n_tokens=512,
-                    shard_values=lambda start, stop: values[:, start:stop], tokens_per_chunk=32, chunks_per_shard=2)
-    return tmp_path / "store.zarr"
+    return Path(synthetic_store(tmp_path, np.random.default_rng(0).standard_normal((4, 512, 16)).astype(np.float32),
+                                MODEL))
 
 
 def analysis(store: Path) -> list[str]:

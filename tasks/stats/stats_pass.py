@@ -147,14 +147,14 @@ def accumulate_statistics(store: str, model_key: str, masks: dict[str, np.ndarra
     outputs = {key: create_stats_group(store, model_key, key, layout.n_layers, d) for key in masks}
     # Each array opened once: on an object store every `group[name]` is two requests, and the
     # covariance is written block by block.
-    written = {key: {name: group[name] for name in ("covariance", "trace", "mean")} for key, group in outputs.items()}
+    arrays = {key: {name: group[name] for name in ("covariance", "trace", "mean")} for key, group in outputs.items()}
     frobenius2 = {key: np.full((layout.n_layers,) * 2, np.nan) for key in masks}
     hsic = {key: np.full((layout.n_layers,) * 2, np.nan) for key in masks}
     for done, (a, b) in enumerate(tiles, 1):
         rows, cols = groups[a], groups[b]
         total = compute_tile(store, group_path, layout, rows, cols, masks, shift, proj, config, scheduler)
         for key, moments in total.items():
-            out, n = written[key], int(moments.count)
+            out, n = arrays[key], int(moments.count)
             for left, right, block, frob, h in tile_pairs(moments, rows, cols, d):
                 if left <= right:
                     out["covariance"][left, right] = block
