@@ -43,13 +43,13 @@ def mark_group_current(store: str, path: str, key: str) -> None:
     open_group(store, path, "r+").attrs["stage_key"] = key
 
 
-def current_record(path: Path, key: str) -> dict | None:
-    """The JSON record at `path` when it was made from inputs with this key, else None."""
+def current_record(path: Path, key: str, field: str = "stage_key") -> dict | None:
+    """The JSON record at `path` when it was made from inputs with this key (in `field`), else None."""
     try:
         record = read_json(path)
     except (FileNotFoundError, json.JSONDecodeError):
         return None
-    return record if record.get("stage_key") == key else None
+    return record if record.get(field) == key else None
 
 
 def write_record(path: Path, record: dict, key: str) -> None:

@@ -38,13 +38,13 @@ def test_held_out_loss_falls_and_the_accuracy_is_reported_over_every_reply_posit
 
 def test_resume_from_a_checkpoint_continues_identically(training_store, tmp_path):
     config = replace(preset("smoke"), epochs=1, eval_every=5)
-    straight, _ = train(training_store, TINY, LAYERS, tmp_path / "straight", config)
+    straight, whole = train(training_store, TINY, LAYERS, tmp_path / "straight", config)
     _, halfway = train(training_store, TINY, LAYERS, tmp_path / "resumed", config, stop_after=7)
     assert halfway["steps"] == 7 and not halfway["finished"]
     saved = torch.load(tmp_path / "resumed" / "checkpoint.pt", weights_only=False)["head"]
     assert "embed_tokens.weight" not in saved and "fc.weight" in saved  # the target gives the frozen embedding back
     resumed, record = train(training_store, TINY, LAYERS, tmp_path / "resumed", config)
-    assert record["finished"]
+    assert record["finished"] and record["token_passes"] == whole["token_passes"] > halfway["token_passes"]
     for (name, a), (_, b) in zip(straight.state_dict().items(), resumed.state_dict().items()):
         assert torch.equal(a, b), name
 
@@ -175,6 +175,9 @@ def test_training_bad_input(training_store, tmp_path, capsys):
     refused(["--layers", "2,4,5", "--ttt-warmup", "1"], "--ttt-warmup is a share of the steps, in [0, 1) (got 1.0)")
     refused(["--layers", "2,4,5", "--device", "tpu"], "unknown --device 'tpu'; use auto, cpu or cuda")
     refused(["--layers", "2,4,5", "--attend-self", "-0.1"], "--attend-self is the std of the shared query/key init, >= 0")
+    refused(["--layers", "2,4,5", "--seed", "-1"], "--seed must be >= 0 (got -1)")
+    (tmp_path / "head.json").write_text("{}")
+    refused(["--layers", "2,4,5", "--out", str(tmp_path / "head.json")], "is a file; a head is a directory")
 
 
 def test_store_without_labels_is_refused(training_store, tmp_path, capsys):
@@ -195,14 +198,35 @@ def test_nan_loss_stops_with_a_clear_message_and_keeps_the_last_good_checkpoint(
     assert state["step"] >= 1 and all(torch.isfinite(t).all() for t in state["head"].values() if t.is_floating_point())
 
 
-def test_train_cli_exports_and_records(training_store, tmp_path):
+def test_train_cli_exports_records_and_exports_again_without_training(training_store, tmp_path, caplog):
+    """Layers given out of order are read in model order, as vLLM and SGLang hand them over; a
+    finished head changes format without training again, and an export cut short is redone."""
     out = tmp_path / "cli-head"
-    assert main(["train", "--model", TINY, "--store", training_store, "--layers", "2,4,5", "--preset", "smoke",
-                 "--ttt-steps", "2", "--epochs", "1", "--out", str(out), "--json", str(tmp_path / "t.json")]) == 0
+
+    def train_cli(*argv):
+        caplog.clear()
+        assert main(["train", "--model", TINY, "--store", training_store, "--layers", "5,2,4", "--preset", "smoke",
+                     "--ttt-steps", "2", "--epochs", "1", "--out", str(out), *argv]) == 0
+        return json.loads((out / "config.json").read_text())
+
+    config = train_cli("--json", str(tmp_path / "t.json"))
     record = json.loads((out / "training.json").read_text())
     assert record["layers"] == [2, 4, 5] and record["config"]["ttt_steps"] == 2 and record["config"]["epochs"] == 1
-    assert (out / "model.safetensors").is_file() and json.loads((out / "config.json").read_text())[
-        "eagle_aux_hidden_state_layer_ids"] == [2, 4, 5]
+    assert (out / "model.safetensors").is_file() and config["eagle_aux_hidden_state_layer_ids"] == [2, 4, 5]
+    trained = load_exported(out).state_dict()
+
+    config = train_cli("--format", "sglang")
+    assert "exporting it again" in caplog.text and "trainable parameters" not in caplog.text
+    assert config["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [1, 3, 4]
+    again = load_exported(out, trained["embed_tokens.weight"]).state_dict()
+    assert all(torch.equal(again[name], trained[name]) for name in trained)
+    assert json.loads((out / "training.json").read_text())["history"] == record["history"]
+
+    (out / "model.safetensors").write_bytes((out / "model.safetensors").read_bytes()[:1000])
+    train_cli("--format", "sglang")
+    assert "trainable parameters" in caplog.text
+    assert all(torch.equal(load_exported(out, trained["embed_tokens.weight"]).state_dict()[name], trained[name])
+               for name in trained)
 
 
 def test_a_batch_of_windows_shorter_than_the_unroll_trains(training_store):

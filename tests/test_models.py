@@ -7,6 +7,7 @@ import torch
 from tasks.data.load_model import load, random_model
 from tasks.data.registry import hf_key, resolve
 from tasks.select.layer_ids import eagle3_default
+from tests.conftest import TINY
 
 
 def test_smollm2_is_the_trained_instruct_model_from_the_gguf_package():
@@ -38,3 +39,23 @@ def test_tiny_random_llama_is_seeded_and_shaped_for_eagle3_defaults():
 def test_hf_model_keys_are_path_safe():
     assert hf_key("/models/My Model/") == "hf-My-Model"
     assert hf_key("org/name") == "hf-name"
+
+
+def test_a_hub_model_is_named_by_its_hub_id_in_an_export(tmp_path, monkeypatch):
+    """`hf:org/name` with no such local folder is a hub id: the export names it as given (a path
+    made absolute would name a folder that does not exist). Read from a hub cache laid out as the
+    hub client writes one, since nothing is downloaded here."""
+    from huggingface_hub import constants
+
+    from tasks.data.load_model import random_checkpoint, verifier
+    from tasks.data.registry import resolve
+
+    cached, revision = tmp_path / "hub" / "models--someorg--tiny", "0" * 40
+    (cached / "snapshots" / revision).mkdir(parents=True)
+    (cached / "snapshots" / revision / "config.json").write_bytes(
+        (random_checkpoint(resolve(TINY)) / "config.json").read_bytes())
+    (cached / "refs").mkdir()
+    (cached / "refs" / "main").write_text(revision)
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.chdir(tmp_path)
+    assert verifier("hf:someorg/tiny") == {"name_or_path": "someorg/tiny", "architectures": ["LlamaForCausalLM"]}

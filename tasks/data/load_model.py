@@ -100,23 +100,32 @@ def num_hidden_layers(model: str) -> int:
     if spec.source == "random":
         return int(spec.options["num_hidden_layers"])
     path = spec.options["path"] if spec.source == "hf" else str(gguf_checkpoint(spec))
+    return int(_config(path, model).num_hidden_layers)
+
+
+def _config(path: str, model: str):
     try:
-        return int(AutoConfig.from_pretrained(path).num_hidden_layers)
+        return AutoConfig.from_pretrained(path)
     except (OSError, ValueError) as err:
         raise LayerwaveError(f"cannot read the config of {model}: {str(err).splitlines()[0]}") from None
 
 
 def verifier(model: str) -> dict:
     """The target as a serving runtime names it in an exported head: its Hugging Face id (the
-    registry's `hf_id`), else a local checkpoint path that loads (a random model is saved once for
-    this); and its architectures, from its config."""
+    registry's `hf_id`), else the path it loads from: a hub id as given, a local checkpoint made
+    absolute (a random model is saved once for this); and its architectures, from its config."""
     spec = resolve(model)
-    local = {"hf": lambda: os.path.abspath(spec.options["path"]), "gguf": lambda: str(gguf_checkpoint(spec)),
+    local = {"hf": lambda: _hub_id_or_absolute(spec.options["path"]), "gguf": lambda: str(gguf_checkpoint(spec)),
              "random": lambda: str(random_checkpoint(spec))}
     path = local[spec.source]()
-    config = AutoConfig.from_pretrained(path)
+    config = _config(path, model)
     return {"name_or_path": spec.options.get("hf_id", path),
             "architectures": list(config.architectures or [MODEL_FOR_CAUSAL_LM_MAPPING_NAMES[config.model_type]])}
+
+
+def _hub_id_or_absolute(path: str) -> str:
+    """`hf:org/name` names a hub model unless a local directory of that name exists."""
+    return os.path.abspath(path) if os.path.exists(path) else path
 
 
 def _from_pretrained(path: str, dtype: torch.dtype | None, **kwargs):

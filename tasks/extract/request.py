@@ -76,7 +76,7 @@ class ExtractRequest:
             check_layers(self.layers, load_model.num_hidden_layers(self.model) + 1, f"model {spec.key}")
             if list(self.layers) != sorted(self.layers):
                 raise LayerwaveError(f"--layers {','.join(map(str, self.layers))}: give them in increasing order, "
-                                     f"e.g. {','.join(map(str, sorted(self.layers)))} (a head reads any order)")
+                                     f"e.g. {','.join(map(str, sorted(self.layers)))} (the order heads read them in)")
         load_corpus(self.corpus)
         generator = generator_key(self.corpus)
         if generator is not None and generator != spec.key:

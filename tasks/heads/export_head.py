@@ -7,6 +7,7 @@ runs); SGLang/SpecForge ids name the decoder layer whose output is captured, i.e
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from typing import Callable
 
@@ -121,6 +122,23 @@ def export(head: DraftHead, out, fmt: str, verifier: str, speculative_tokens: in
     return out
 
 
+def is_whole(out) -> bool:
+    """Whether `out` holds config.json and a model.safetensors whose header accounts for every byte:
+    exports are written whole, but a copy cut short leaves a file whose config still looks done."""
+    out = location(out)
+    weights = out / "model.safetensors"
+    if not ((out / "config.json").is_file() and weights.is_file()):
+        return False
+    with weights.open("rb") as handle:  # safetensors: 8-byte header length, JSON header, then the data
+        length = int.from_bytes(handle.read(8), "little")
+        try:
+            header = json.loads(handle.read(length))
+        except ValueError:
+            return False
+    data = max((entry["data_offsets"][1] for name, entry in header.items() if name != "__metadata__"), default=0)
+    return weights.stat().st_size == 8 + length + data
+
+
 def load_exported(out, embeddings: torch.Tensor | None = None) -> DraftHead:
     """Rebuild a head from an export (SGLang exports need the target's embeddings passed in)."""
     out = location(out)
@@ -133,8 +151,8 @@ def load_exported(out, embeddings: torch.Tensor | None = None) -> DraftHead:
     try:
         weights = load_safetensors((out / "model.safetensors").read_bytes())
     except Exception as err:  # safetensors raises its own error type for a truncated or foreign file
-        raise LayerwaveError(f"{out / 'model.safetensors'} is unreadable ({err}); export the head again "
-                             "(`layerwave train` re-exports a finished head)") from None
+        raise LayerwaveError(f"{out / 'model.safetensors'} is unreadable ({err}); run the same `layerwave train` "
+                             "again: it exports the head anew (trains it again unless --keep-checkpoint kept it)") from None
     state = spec.layerwave_state(weights)
     if "embed_tokens.weight" not in state:
         if embeddings is None:

@@ -67,6 +67,8 @@ class TrainRequest:
         from tasks.data.registry import check_group_model, store_key
 
         model_key = store_key(self.model)
+        if self.out and location(self.out).is_file():
+            raise LayerwaveError(f"--out {self.out} is a file; a head is a directory: name another --out")
         ds = open_activations(self.store, model_key)
         check_group_model(ds.attrs.get("model", {}), self.model, self.store)
         for name in ("target_topk_ids", "target_topk_logprobs", "loss_mask"):

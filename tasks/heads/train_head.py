@@ -200,7 +200,7 @@ def train(store: str, model_key: str, layers: list[int], out: Path, config: Trai
     # one-step unroll on a 2-core CPU (benchmarks/train.py)
     optimizer = torch.optim.AdamW(parameter_groups(head, config), lr=config.lr, weight_decay=config.weight_decay,
                                   fused=device.type in ("cpu", "cuda"))
-    step, history, untrained = 0, [], None
+    step, history, untrained, passes_before, seconds_before = 0, [], None, 0, 0.0
     if checkpoint.exists():
         state = torch.load(io.BytesIO(checkpoint.read_bytes()), weights_only=False, map_location=device)
         if ((state["layers"], recipe_identity(state["config"]), state["source"])
@@ -210,6 +210,7 @@ def train(store: str, model_key: str, layers: list[int], out: Path, config: Trai
         head.resume_from(state["head"])
         optimizer.load_state_dict(state["optimizer"])
         step, history, untrained = state["step"], state["history"], state["untrained"]
+        passes_before, seconds_before = state.get("token_passes", 0), state.get("training_seconds", 0.0)
         log(f"resuming from step {step}/{total}")
     else:
         untrained = held_out_metrics(head, data, config, eos)
@@ -220,6 +221,10 @@ def train(store: str, model_key: str, layers: list[int], out: Path, config: Trai
     evaluated = 0.0  # seconds of held-out evaluation, left out of the training rate
     progress_every = max(1, math.ceil(total / 10))  # a resume point
     last_line = started
+
+    def so_far() -> tuple[int, float]:
+        """Token-passes and training seconds since the head's first step, across resumes."""
+        return passes_before + tokens, seconds_before + time.perf_counter() - started - evaluated
 
     def progress_line() -> str:
         elapsed = time.perf_counter() - started
@@ -251,19 +256,19 @@ def train(store: str, model_key: str, layers: list[int], out: Path, config: Trai
                 log(f"step {step}/{total} loss {loss.item():.3f} held-out accuracy per TTT step "
                     + " ".join(f"{a:.3f}" for a in metrics["accuracy"])
                     + f", τ_offline {metrics['tau_offline']['tau']:.3f} ({metrics['tau_offline']['rounds']} rounds)")
-                _save(checkpoint, head, optimizer, step, history, untrained, layers, config, source)
+                _save(checkpoint, head, optimizer, step, history, untrained, layers, config, source, so_far())
                 last_line = time.perf_counter()
             elif step % progress_every == 0:  # between evaluations: a progress line and a resume point
                 log(progress_line())
-                _save(checkpoint, head, optimizer, step, history, untrained, layers, config, source)
+                _save(checkpoint, head, optimizer, step, history, untrained, layers, config, source, so_far())
                 last_line = time.perf_counter()
             elif time.perf_counter() - last_line >= PROGRESS_SECONDS:
                 log(progress_line())
                 last_line = time.perf_counter()
             if step >= total or (stop_after is not None and step >= stop_after):
                 break
-    elapsed = time.perf_counter() - started
-    _save(checkpoint, head, optimizer, step, history, untrained, layers, config, source)
+    token_passes, seconds = so_far()
+    _save(checkpoint, head, optimizer, step, history, untrained, layers, config, source, (token_passes, seconds))
     use = history[-1].get("layer_use") if history else None
     if use:
         log("held-out step-0 accuracy with one layer's states shuffled: "
@@ -272,15 +277,17 @@ def train(store: str, model_key: str, layers: list[int], out: Path, config: Trai
     return head.cpu(), {"layers": layers, "model": model_key, "data_plan_hash": source, "config": asdict(config),
             "steps": step, "total_steps": total, "trainable_parameters": head.trainable_parameters(),
             "untrained": untrained, "history": history, "final": history[-1] if history else untrained,
-            "token_passes": tokens, "tokens_per_s": tokens / (elapsed - evaluated) if elapsed > evaluated else None,
+            "token_passes": token_passes, "tokens_per_s": token_passes / seconds if seconds > 0 else None,
             "finished": step >= total}
 
 
-def _save(path: Path, head, optimizer, step, history, untrained, layers, config, source) -> None:
-    """Write the checkpoint whole or not at all: a kill mid-write leaves the previous one intact."""
+def _save(path: Path, head, optimizer, step, history, untrained, layers, config, source, so_far) -> None:
+    """Write the checkpoint whole or not at all: a kill mid-write leaves the previous one intact.
+    `so_far` (token-passes, training seconds) lets a resumed head's record count the whole run."""
     buffer = io.BytesIO()
     torch.save({"head": head.resumable_state(), "optimizer": optimizer.state_dict(), "step": step, "history": history,
-                "untrained": untrained, "layers": layers, "config": asdict(config), "source": source}, buffer)
+                "untrained": untrained, "layers": layers, "config": asdict(config), "source": source,
+                "token_passes": so_far[0], "training_seconds": so_far[1]}, buffer)
     write_bytes(path, buffer.getvalue())
 
 
@@ -290,6 +297,8 @@ def preset(name: str, **overrides) -> TrainConfig:
     for option in ("epochs", "ttt_steps"):
         if overrides.get(option) is not None and overrides[option] < 1:
             raise LayerwaveError(f"--{option.replace('_', '-')} must be at least 1 (got {overrides[option]})")
+    if overrides.get("seed") is not None and overrides["seed"] < 0:
+        raise LayerwaveError(f"--seed must be >= 0 (got {overrides['seed']})")
     if overrides.get("lm_head_lr_scale") is not None and overrides["lm_head_lr_scale"] < 0:
         raise LayerwaveError(f"--lm-head-lr-scale must be >= 0 (got {overrides['lm_head_lr_scale']})")
     if overrides.get("ttt_warmup") is not None and not 0 <= overrides["ttt_warmup"] < 1:

@@ -13,7 +13,9 @@ def eagle3_default(num_hidden_layers: int) -> list[int] | None:
 
 
 def check_layers(layers, n_layers: int, holder: str = "the store") -> list[int]:
-    """A layer set must be non-empty, inside `holder`'s 0..n_layers-1, and repeat nothing."""
+    """A layer set must be non-empty, inside `holder`'s 0..n_layers-1, and repeat nothing. It comes
+    back in ascending order: vLLM and SGLang hand a head its layers in model order whatever order
+    its config lists them, so a head trained on 5,2,4 would read its fc inputs permuted there."""
     layers = [int(layer) for layer in layers]
     if not layers:
         raise LayerwaveError("the layer set is empty; give at least one HF hidden-state index, e.g. 2,15,27")
@@ -22,7 +24,7 @@ def check_layers(layers, n_layers: int, holder: str = "the store") -> list[int]:
         raise LayerwaveError(f"layers {outside} are not in {holder} (it has HF indices 0..{n_layers - 1})")
     if len(set(layers)) != len(layers):
         raise LayerwaveError(f"layer set {layers} repeats a layer")
-    return layers
+    return sorted(layers)
 
 
 def check_stored(layers: list[int], stored: list[int], store: str, model_key: str) -> None:
