@@ -59,6 +59,12 @@ def extract(
         logger.info("%s: %d tokens in %d shards, %d already committed, %d to extract%s (storage %s)",
                     key, plan["n_tokens"], plan["n_shards"], plan["committed"], len(pending),
                     f" as part {part}" if count > 1 else "", plan["storage_dtype"])
+        if plan["truncated"]:
+            cut_at_shard = plan["truncated_to"] < max_length  # --chunks-per-shard made shards shorter
+            logger.warning("%d of %d documents are longer than %d tokens and were truncated to it%s",
+                           plan["truncated"], plan["documents"], plan["truncated_to"],
+                           ", the shard size: raise --chunks-per-shard to keep them up to --max-length"
+                           if cut_at_shard else " (--max-length)")
         if plan["n_tokens"] < tokens:
             logger.warning("corpus %s runs out at %d tokens, fewer than --tokens %d (documents longer than "
                            "--max-length %d or a shard are truncated): extracting those", corpus, plan["n_tokens"],

@@ -59,16 +59,26 @@ class Layout:
         return attrs
 
 
-def auto_chunking(n_layers: int, hidden_size: int, itemsize: int = 2) -> tuple[int, int]:
-    """(tokens_per_chunk, chunks_per_shard) for ~1 MiB chunks and ~128 MiB shards, powers of two."""
+def auto_chunking(n_layers: int, hidden_size: int, itemsize: int = 2, tokens_per_chunk: int | None = None,
+                  longest_document: int = 1) -> tuple[int, int]:
+    """(tokens_per_chunk, chunks_per_shard) for ~1 MiB chunks (unless given) and ~128 MiB shards,
+    powers of two; a shard holds at least `longest_document` tokens, since a document never
+    crosses a shard's end (a wide model's 128 MiB would cut every document to a few hundred)."""
     token_bytes = hidden_size * itemsize
-    tokens_per_chunk = _pow2_floor(max(16, CHUNK_BYTES // token_bytes))
+    tokens_per_chunk = tokens_per_chunk or _pow2_floor(max(16, CHUNK_BYTES // token_bytes))
     shard_tokens = _pow2_floor(max(tokens_per_chunk, SHARD_BYTES // (token_bytes * n_layers)))
-    return tokens_per_chunk, max(1, shard_tokens // tokens_per_chunk)
+    return tokens_per_chunk, max(1, shard_tokens // tokens_per_chunk, -(-longest_document // tokens_per_chunk))
 
 
 def _pow2_floor(n: int) -> int:
     return 1 << (int(n).bit_length() - 1)
+
+
+def checked_codecs() -> list:
+    """zstd level 1: the smallest and among the fastest of the codecs measured on SmolLM2 states
+    (0.78x of raw vs 0.79-0.92x for blosc variants; see README benchmarks). A crc32c per chunk, in
+    every array of the group, lets `layerwave verify` (and every read) catch a flipped byte."""
+    return [ZstdCodec(level=1), Crc32cCodec()]
 
 
 def create_template(group: zarr.Group, layout: Layout, per_token: dict[str, np.ndarray], attrs: dict) -> None:
@@ -77,10 +87,7 @@ def create_template(group: zarr.Group, layout: Layout, per_token: dict[str, np.n
     `attrs` (which carry the plan hash) are written last: a group without them is a template
     that was interrupted and may be rebuilt.
     """
-    # zstd level 1: the smallest and among the fastest of the codecs measured on SmolLM2 states
-    # (0.78x of raw vs 0.79-0.92x for blosc variants; see README benchmarks). A crc32c per chunk
-    # lets `layerwave verify` (and every read) catch a flipped byte.
-    compressor = [ZstdCodec(level=1), Crc32cCodec()]
+    compressor = checked_codecs()
     token_chunks = (layout.shard_tokens,)
     group.create_array(
         schema.HIDDEN_STATES,
@@ -95,30 +102,31 @@ def create_template(group: zarr.Group, layout: Layout, per_token: dict[str, np.n
         attributes={"storage_dtype": layout.storage_dtype},
     )
     group.create_array(
-        schema.ENTROPY, shape=(layout.n_tokens,), chunks=token_chunks, dtype="float32",
+        schema.ENTROPY, shape=(layout.n_tokens,), chunks=token_chunks, dtype="float32", compressors=compressor,
         fill_value=float("nan"), dimension_names=[schema.TOKEN],
         attributes={"units": "nats", "description": schema.LABELS_DOC},
     )
     group.create_array(
         schema.TOPK_IDS, shape=(layout.n_tokens, layout.topk), chunks=(layout.shard_tokens, layout.topk),
-        dtype="int32", fill_value=-1, dimension_names=[schema.TOKEN, schema.TOPK],
+        dtype="int32", fill_value=-1, compressors=compressor, dimension_names=[schema.TOKEN, schema.TOPK],
     )
     group.create_array(
         schema.TOPK_LOGPROBS, shape=(layout.n_tokens, layout.topk), chunks=(layout.shard_tokens, layout.topk),
-        dtype="float32", fill_value=float("nan"), dimension_names=[schema.TOKEN, schema.TOPK],
+        dtype="float32", fill_value=float("nan"), compressors=compressor, dimension_names=[schema.TOKEN, schema.TOPK],
     )
     for name, values in per_token.items():
         array = group.create_array(
-            name, shape=values.shape, chunks=token_chunks, dtype=values.dtype, dimension_names=[schema.TOKEN]
+            name, shape=values.shape, chunks=token_chunks, dtype=values.dtype, compressors=compressor,
+            dimension_names=[schema.TOKEN]
         )
         array[:] = values
     group.create_array(schema.LAYER, shape=(layout.n_layers,), chunks=(layout.n_layers,), dtype="int32",
-                       dimension_names=[schema.LAYER])[:] = np.asarray(layout.stored_layers, dtype=np.int32)
+                       compressors=compressor, dimension_names=[schema.LAYER])[:] = np.asarray(layout.stored_layers, dtype=np.int32)
     group.create_array(schema.TOKEN, shape=(layout.n_tokens,), chunks=token_chunks, dtype="int64",
-                       dimension_names=[schema.TOKEN])[:] = np.arange(layout.n_tokens, dtype=np.int64)
+                       compressors=compressor, dimension_names=[schema.TOKEN])[:] = np.arange(layout.n_tokens, dtype=np.int64)
     group.create_array(
         schema.SHARD_COMMITTED, shape=(layout.n_shards,), chunks=(1,), dtype="bool", fill_value=False,
-        dimension_names=[schema.SHARD],
+        compressors=compressor, dimension_names=[schema.SHARD],
         attributes={"description": "True once the shard's hidden states and labels are written; one chunk per shard"},
     )
     group.attrs.update(attrs)

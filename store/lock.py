@@ -23,6 +23,7 @@ from store.access import is_local
 from store.errors import LayerwaveError
 
 WHOLE = (0, 1)  # (part index, part count) of an extraction that writes every shard
+PARTS = "parts"  # what the model's lock file says while --part runs hold it shared
 
 
 def lock_path(store: str, name: str) -> Path:
@@ -54,7 +55,8 @@ def refuse_if_busy(store: str, model_key: str, part: tuple[int, int] = WHOLE) ->
 
 
 def _busy(store: str, model_key: str, pid: str, activity: str = "extraction") -> LayerwaveError:
-    return LayerwaveError(f"another {activity} of {model_key} is writing to {store} (pid {pid}); "
+    who = "its --part runs" if pid == PARTS else f"pid {pid}"
+    return LayerwaveError(f"another {activity} of {model_key} is writing to {store} ({who}); "
                           "wait for it to finish or stop it, then re-run (finished shards are kept)")
 
 
@@ -109,9 +111,8 @@ def _take(path: Path, mode: int, store: str, model_key: str, activity: str):
         pid = handle.read().strip() or "unknown pid"
         handle.close()
         raise _busy(store, model_key, pid, activity) from None
-    if mode == fcntl.LOCK_EX:  # a shared lock has several holders: no single pid to record
-        handle.seek(0)
-        handle.truncate()
-        handle.write(str(os.getpid()))
-        handle.flush()
+    handle.seek(0)  # the holder, for a refused writer's message; not a pid a writer before left behind
+    handle.truncate()
+    handle.write(str(os.getpid()) if mode == fcntl.LOCK_EX else PARTS)  # shared: several holders, no one pid
+    handle.flush()
     return handle

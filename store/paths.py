@@ -69,7 +69,7 @@ class Workspace:
         if not path.name:
             raise LayerwaveError(f"store {self.store} is a bucket's root, so nothing can sit beside it; give the "
                                  "store a name inside it, e.g. s3://bucket/layerwave.zarr")
-        return path.with_name(path.stem + f".{kind}")
+        return path.with_name(path.name.removesuffix(".zarr") + f".{kind}")  # runs/2024.06.01: a name, not a suffix
 
     def heads(self, model_key: str, preset: str) -> UPath:
         return self.beside("heads") / model_key / preset

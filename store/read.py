@@ -12,6 +12,7 @@ from store import paths, schema
 from store.access import check_schema, open_dataset, open_group
 from store.dtypes import decode
 from store.errors import LayerwaveError
+from store.verify import extract_command
 
 
 def open_activations(store: str, model_key: str, *, allow_incomplete: bool = False) -> xr.Dataset:
@@ -34,10 +35,10 @@ def open_activations(store: str, model_key: str, *, allow_incomplete: bool = Fal
         warnings.simplefilter("ignore")
         ds = open_dataset(store, group_path)
     if not ds.attrs.get("complete") and not allow_incomplete:
-        raise LayerwaveError(
-            f"activations for {model_key} in {store} are incomplete (an extraction was interrupted); "
-            f"re-run `layerwave extract --model {model_key} --store {store}` to finish them"
-        )
+        command = (extract_command(store, model_key) if "plan_hash" in ds.attrs else
+                   f"layerwave extract --model {model_key} --store {store} with the options that started it")
+        raise LayerwaveError(f"activations for {model_key} in {store} are incomplete (an extraction was "
+                             f"interrupted); finish them with `{command}`")
     hidden = ds[schema.HIDDEN_STATES]
     if hidden.dtype == "uint16":
         ds[schema.HIDDEN_STATES] = hidden.copy(data=da.map_blocks(decode, hidden.data, dtype="float32"))

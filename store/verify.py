@@ -10,7 +10,7 @@ import numpy as np
 import zarr
 
 from store import commit, paths, schema
-from store.access import check_schema, open_group
+from store.access import check_schema, consolidate, open_group
 from store.dtypes import decode
 from store.errors import LayerwaveError, is_damaged_chunk, store_writes
 from store.layout import Layout
@@ -40,6 +40,8 @@ def verify_model(store: str, model_key: str) -> tuple[list[str], list[int]]:
     layout = Layout(**group.attrs["layout"])
     problems = _token_problems(group, layout, model_key)
     bad, committed = [], commit.committed(group)
+    if problems:
+        return problems, []
     in_document = group[schema.DOC][:] >= 0  # padding holds no labels (NaN), by design
     for shard in np.flatnonzero(committed):
         start, stop = layout.shard_range(int(shard))
@@ -59,24 +61,40 @@ def verify_model(store: str, model_key: str) -> tuple[list[str], list[int]]:
     missing = [int(s) for s in np.flatnonzero(~committed)]
     if missing:
         problems.append(f"{model_key}: shards {missing} are not committed (an extraction was interrupted)")
+    elif not group.attrs.get("complete"):
+        problems.append(f"{model_key}: every shard is committed but the store was not finalized (an extraction "
+                        "was interrupted at its last step)")
     return problems, bad
 
 
+PER_TOKEN = (schema.TOKEN_ID, schema.DOC, schema.POSITION, schema.LOSS_MASK, schema.TOKEN)
+
+
 def _token_problems(group: zarr.Group, layout: Layout, key: str) -> list[str]:
-    problems = []
-    for name in (schema.TOKEN_ID, schema.DOC, schema.POSITION, schema.LOSS_MASK, schema.TOKEN):
-        if group[name].shape != (layout.n_tokens,):
-            problems.append(f"{key}: {name} has shape {group[name].shape}, expected ({layout.n_tokens},)")
+    """The template's arrays (written once, before any shard): readable, shaped and consistent.
+    They are not a shard's, so damage here is repaired by extracting anew (--overwrite)."""
+    problems, values = [], {}
+    for name in (*PER_TOKEN, schema.LAYER, schema.SHARD_COMMITTED):
+        try:
+            values[name] = group[name][:]
+        except Exception as err:  # a codec's checksum or decompression error names no array
+            problems.append(f"{key}: {name} is unreadable: {err}; extract this model again with --overwrite")
     if problems:
         return problems
-    if not np.array_equal(group[schema.LAYER][:], layout.stored_layers):
+    for name in PER_TOKEN:
+        if values[name].shape != (layout.n_tokens,):
+            problems.append(f"{key}: {name} has shape {values[name].shape}, expected ({layout.n_tokens},)")
+    if problems:
+        return problems
+    if not np.array_equal(values[schema.LAYER], layout.stored_layers):
         problems.append(f"{key}: the layer coordinate is not {layout.stored_layers}")
-    if not np.array_equal(group[schema.TOKEN][:], np.arange(layout.n_tokens)):
+    if not np.array_equal(values[schema.TOKEN], np.arange(layout.n_tokens)):
         problems.append(f"{key}: the token coordinate is not 0..{layout.n_tokens - 1}")
-    doc, position = group[schema.DOC][:], group[schema.POSITION][:]
+    doc, position = values[schema.DOC], values[schema.POSITION]
     starts = np.concatenate([[True], np.diff(doc) != 0])
     expected = np.arange(len(doc)) - np.maximum.accumulate(np.where(starts, np.arange(len(doc)), 0))
-    if np.any(np.diff(doc[doc >= 0]) < 0) or not np.array_equal(position, expected):
+    documents = doc >= 0  # padding restarts at 0 per piece, and two pieces can meet at the budget's end
+    if np.any(np.diff(doc[documents]) < 0) or not np.array_equal(position[documents], expected[documents]):
         problems.append(f"{key}: doc/position are inconsistent (documents must be contiguous, positions 0, 1, ...)")
     return problems
 
@@ -88,6 +106,7 @@ def uncommit(store: str, model_key: str, shards: list[int]) -> None:
         for shard in shards:
             group[schema.SHARD_COMMITTED][shard] = False
         group.attrs["complete"] = False
+        consolidate(store)  # readers through consolidated metadata (xarray) must see it incomplete too
 
 
 def extract_command(store: str, model_key: str) -> str:
@@ -121,7 +140,7 @@ def verify(store: str, model: str | None = None, repair: bool = False) -> tuple[
             lines.append(f"{key}: shards {bad} marked for rewriting")
         if bad and not repair:
             lines.append(f"{key}: to repair, run `layerwave verify --store {store} --model {key} --repair`, then:")
-        if bad or any("not committed" in p for p in problems):
+        if bad or any("not committed" in p or "not finalized" in p for p in problems):
             lines.append(f"  {extract_command(store, key)}")
     return sound, lines
 
@@ -142,7 +161,7 @@ def store_reads(store: str | None):
     instead of a codec traceback."""
     try:
         yield
-    except ValueError as err:
+    except (ValueError, RuntimeError) as err:
         if not is_damaged_chunk(err):
             raise
         where = (first_damage(store) if store else None) or "a chunk"

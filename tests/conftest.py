@@ -204,7 +204,7 @@ def regen(tmp_path_factory, prefect_api):
     def build(folder):
         corpus = generate(out=str(folder / "corpus"), **GENERATION)["corpus"]
         extract(**extract_options(folder / "store.zarr", corpus, tokens=100_000, storage_dtype="float32",
-                                  tokens_per_chunk=256))
+                                  tokens_per_chunk=256, chunks_per_shard=8))
         train_head(model=TINY, store=str(folder / "store.zarr"), layers=LAYERS, out=str(folder / "head"),
                    preset_name="smoke", epochs=2, warm_start=True)
     folder = built_once(tmp_path_factory, "regen", build)

@@ -79,6 +79,14 @@ def test_zero_tokens(capsys, finished_store, corpus):
     assert_refused(capsys, finished_store, corpus, "--tokens must be at least 1", tokens=0)
 
 
+def test_a_budget_that_holds_no_whole_document_and_a_topk_beyond_the_vocabulary(capsys, tmp_path, corpus):
+    """Both are found before the template is written: no store is left behind."""
+    store = tmp_path / "new.zarr"
+    assert_refused(capsys, store, corpus, "--tokens 5 holds no whole document", tokens=5, in_flow=True)
+    assert_refused(capsys, store, corpus, "--topk 60000 is more than", topk=60000, in_flow=True)
+    assert not store.exists()
+
+
 def test_empty_corpus(capsys, tmp_path, finished_store):
     empty = tmp_path / "empty.jsonl"
     empty.write_text("\n")
@@ -142,7 +150,8 @@ def test_nan_activations_in_a_shard_stop_the_run_and_leave_it_incomplete(tmp_pat
         extract(**extract_options(store, corpus, model=model, tokens=300, storage_dtype="float16"))
     group = zarr.open_group(store, path="hf-nan-model/activations", mode="r", use_consolidated=False)
     assert not group["shard_committed"][:].any() and group.attrs["complete"] is False
-    with pytest.raises(LayerwaveError, match="incomplete .* re-run `layerwave extract"):
+    with pytest.raises(LayerwaveError, match=f"incomplete .* finish them with `layerwave extract --model {model} "
+                                             f"--corpus {corpus} --tokens 300 "):
         open_activations(str(store), "hf-nan-model")
 
 

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from store.errors import LayerwaveError
+from store.layout import auto_chunking
 from tasks.data.corpus import _package_file, iter_json_array, load_corpus
 from tasks.data.render import render
 from tasks.extract.plan import PADDING, documents_in, plan_tokens
@@ -85,3 +86,15 @@ def test_plan_fills_the_budget_with_whole_documents_and_pads_only_where_a_shard_
     assert again.digest() == plan.digest() and other.digest() != plan.digest()
     everything = plan_tokens(tiny.tokenizer, conversations[:2], tokens=10**6, max_length=4096, shard_tokens=128, seed=0)
     assert len(everything.source_record) == 2  # a small corpus simply runs out
+    lengths = [len(render(tiny.tokenizer, conversations[record])[0]) for record in plan.source_record]
+    assert plan.truncated == sum(length > 90 for length in lengths) > 0
+
+
+def test_default_shards_hold_a_whole_document_of_max_length():
+    """A wide model's ~128 MiB would make shards of a few hundred tokens, and cut every document."""
+    for n_layers, hidden, chunk in ((33, 4096, None), (31, 576, None), (9, 64, 16)):
+        tokens_per_chunk, chunks_per_shard = auto_chunking(n_layers, hidden, tokens_per_chunk=chunk,
+                                                          longest_document=2048)
+        assert tokens_per_chunk * chunks_per_shard >= 2048 and tokens_per_chunk == (chunk or tokens_per_chunk)
+    assert auto_chunking(31, 576, longest_document=2048) == (512, 4)  # SmolLM2's stores, as before
+    assert auto_chunking(9, 64, tokens_per_chunk=16, longest_document=1)[1] * 16 * 9 * 64 * 2 >= 64 << 20

@@ -7,11 +7,13 @@ import os
 import signal
 from pathlib import Path
 
+import pytest
 import torch
 from transformers import StoppingCriteriaList
 
 from flows.cli import main
 from flows.generate import generate
+from store.errors import LayerwaveError
 from store.read import open_activations
 from tasks.data.corpus import load_corpus
 from tasks.data.continuous_batching import generate_continuous
@@ -99,6 +101,32 @@ def test_bad_generation_requests_are_one_line(tmp_path, tiny, prefect_api, capsy
     capsys.readouterr()
     assert main(["extract", "--model", TINY, "--corpus", small, "--store", str(tmp_path / "t.zarr")]) == 2
     assert f"corpus {small} is incomplete" in capsys.readouterr().err
+    manifest.write_text(json.dumps({**json.loads(manifest.read_text()), "complete": True}))
+    shard = Path(small[6:]) / "shard-00001.jsonl"
+    shard.write_bytes(shard.read_bytes()[:100])
+    assert main(["extract", "--model", TINY, "--corpus", small, "--store", str(tmp_path / "t.zarr")]) == 2
+    assert f"corpus {small} has a damaged shard, shard-00001.jsonl" in capsys.readouterr().err
+    shard.unlink()
+    assert main(["extract", "--model", TINY, "--corpus", small, "--store", str(tmp_path / "t.zarr")]) == 2
+    assert "holds 1 of its" in capsys.readouterr().err
+
+
+def test_a_corpus_whose_source_changed_since_is_not_extended_from_the_new_one(tmp_path, prefect_api):
+    """The same arguments over an edited prompt file would add shards of other prompts to the
+    shards already written: refused, and --overwrite starts anew."""
+    source = tmp_path / "prompts.jsonl"
+    source.write_text("".join(json.dumps({"prompt": f"Old prompt number {i}"}) + "\n" for i in range(8)))
+    options = dict(SMALL, source=f"jsonl:{source}", tokens=20, out=str(tmp_path / "g"))
+    generate(**options)
+    before = read_generated(tmp_path / "g")[2]["source"]
+    source.write_text("".join(json.dumps({"prompt": f"New prompt number {i}"}) + "\n" for i in range(12)))
+    with pytest.raises(LayerwaveError, match="generated with these settings from another source corpus"):
+        generate(**{**options, "tokens": 300})
+    assert read_generated(tmp_path / "g")[2]["source"] == before
+    generate(**{**options, "tokens": 300, "overwrite": True})
+    conversations, _, manifest = read_generated(tmp_path / "g")
+    assert manifest["source"]["conversations"] == 12
+    assert all(conversation[0]["content"].startswith("New") for conversation in conversations)
 
 
 def regen_spec(tmp_path, options) -> str:

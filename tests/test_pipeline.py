@@ -144,6 +144,22 @@ def test_bad_pipeline_input_is_one_line(argv, message, capsys, tmp_path, monkeyp
     assert not (tmp_path / "models.toml").exists()
 
 
+def test_a_models_description_beyond_the_bmp_keeps_the_registry_readable(tmp_path, monkeypatch):
+    from tasks.data.registry import registry
+
+    monkeypatch.setenv("LAYERWAVE_REGISTRY", str(tmp_path / "models.toml"))
+    (tmp_path / "checkpoint").mkdir()
+    (tmp_path / "checkpoint" / "config.json").write_text("{}")
+    add_model("rocket", f"hf:{tmp_path / 'checkpoint'}", description='fast 🚀 "model"')
+    assert registry()["rocket"]["description"] == 'fast 🚀 "model"' and TINY in registry()
+
+
+def test_stores_with_dots_in_their_names_keep_their_own_folders():
+    assert Workspace("runs/2024.06.01").beside("heads") != Workspace("runs/2024.06.02").beside("heads")
+    assert str(Workspace("runs/layerwave.zarr").beside("heads")) == "runs/layerwave.heads"
+    assert Workspace("runs/layerwave.zarr").training_store() == "runs/layerwave.training.zarr"
+
+
 def test_priority_puts_the_default_first_and_random_controls_last():
     candidates = [Candidate([1, 2, 3], ["random-0"]), Candidate([4, 5, 6], ["even"]),
                   Candidate([1, 4, 6], ["cka-mrmr", "random-1"]), Candidate([2, 4, 5], ["eagle3-default"])]

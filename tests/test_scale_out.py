@@ -41,10 +41,13 @@ def test_a_whole_run_is_refused_while_parts_write(tmp_path, corpus, prefect_api,
     """The whole run is the command a user types, here in this process: the part locks are file
     locks, which refuse a second holder within one process as between two."""
     store = str(tmp_path / "busy.zarr")
+    with writer_lock(store, TINY):  # a whole run that has finished leaves its pid in the lock file
+        pass
     with writer_lock(store, TINY, parse_part("1/2")):
         with writer_lock(store, TINY, parse_part("2/2")):  # parts share the model's lock
             assert main(cli_argv("extract", extract_options(store, corpus))[3:]) == 2
-            assert "another extraction of tiny-random-llama is writing" in error_line(capsys.readouterr().err)
+            refusal = error_line(capsys.readouterr().err)
+            assert f"another extraction of tiny-random-llama is writing to {store} (its --part runs)" in refusal
         with pytest.raises(LayerwaveError, match="another extraction"):
             with writer_lock(store, TINY, parse_part("1/2")):  # the same part twice
                 pass

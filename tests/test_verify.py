@@ -6,6 +6,7 @@ from __future__ import annotations
 import shlex
 import shutil
 
+import xarray as xr
 import zarr
 
 from flows.cli import main
@@ -42,6 +43,7 @@ def test_verify_finds_a_flipped_byte_and_repair_restores_the_store(tmp_path, cor
     assert code == 2 and "shards [1] marked for rewriting" in out
     group = zarr.open_group(damaged, path=f"{TINY}/activations", mode="r")
     assert group["shard_committed"][:].tolist() == [True, False, True] and group.attrs["complete"] is False
+    assert xr.open_zarr(damaged, group=f"{TINY}/activations").attrs["complete"] is False  # consolidated too
     resumed = extract(**extract_options(damaged, corpus, tokens=600))
     assert resumed["tokens_written"] == 256
     assert run_verify(capsys, "--store", str(damaged))[0] == 0
@@ -52,11 +54,27 @@ def test_verify_lists_uncommitted_shards_with_the_command_that_finishes_them(tmp
     store = tmp_path / "partial.zarr"
     extract(**extract_options(store, corpus, tokens=600))
     group = zarr.open_group(store, path=f"{TINY}/activations", mode="r+")
+    group.attrs["complete"] = False  # killed between the last shard's commit and the final write
+    code, out = run_verify(capsys, "--store", str(store))
+    assert code == 2 and "every shard is committed but the store was not finalized" in out
+    assert f"layerwave extract --model {TINY} --corpus {corpus} --tokens 600" in out
     group["shard_committed"][2] = False
-    group.attrs["complete"] = False
     code, out = run_verify(capsys, "--store", str(store))
     assert code == 2 and "shards [2] are not committed" in out
     assert f"layerwave extract --model {TINY} --corpus {corpus} --tokens 600" in out
+
+
+def test_verify_finds_damage_in_the_per_token_arrays(tmp_path, corpus, capsys):
+    """token_id, doc, position and loss_mask carry a checksum like the hidden states: a flipped
+    byte in them is reported, not read as other token ids."""
+    store = tmp_path / "tokens.zarr"
+    extract(**extract_options(store, corpus, tokens=600))
+    chunk = store / TINY / "activations" / "token_id" / "c" / "1"
+    data = bytearray(chunk.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    chunk.write_bytes(bytes(data))
+    code, out = run_verify(capsys, "--store", str(store))
+    assert code == 2 and "token_id is unreadable" in out and "--overwrite" in out
 
 
 def test_the_printed_resume_command_matches_a_run_that_used_default_chunking(tmp_path, corpus):

@@ -64,19 +64,31 @@ def source_hash(conversations: list[Conversation]) -> str:
     return h.hexdigest()
 
 
+def same_model(recorded: dict, provenance: dict) -> bool:
+    """The weights a manifest records are the loaded ones: every field both know agrees (the
+    description is the registry's prose; fields added by a later layerwave are not in older manifests)."""
+    return all(recorded[name] == value for name, value in provenance.items()
+               if name in recorded and name != "description")
+
+
 def prepare(request: GenerateRequest, provenance: dict, conversations: list[Conversation]) -> dict:
     """Write (or keep) the manifest of a generation from `conversations` (the source corpus);
     returns it. An `--overwrite` clears every old shard first."""
     out = location(request.out)
     manifest = read_manifest(out)
+    source = {"spec": request.source, "conversations": len(conversations), "sha256": source_hash(conversations)}
     if manifest is not None and manifest.get("identity") == identity(request):
-        return manifest if manifest["complete"] and manifest["tokens"] >= request.tokens else \
-            {**manifest, "complete": False}  # a larger budget extends the corpus
+        changed = [what for what, same in (("source corpus", manifest["source"]["sha256"] == source["sha256"]),
+                                           ("model", same_model(manifest["model"], provenance))) if not same]
+        if changed and not request.overwrite:  # the same arguments, other content: its shards would mix two
+            raise LayerwaveError(f"{out} was generated with these settings from another {' and '.join(changed)} "
+                                 "(it changed since); pass --overwrite to regenerate it, or use another --out")
+        if not changed:
+            return manifest if manifest["complete"] and manifest["tokens"] >= request.tokens else \
+                {**manifest, "complete": False}  # a larger budget extends the corpus
     for old in out.glob("shard-*.jsonl*"):
         old.unlink()
-    manifest = {"format": FORMAT, "identity": identity(request), "model": provenance,
-                "source": {"spec": request.source, "conversations": len(conversations),
-                           "sha256": source_hash(conversations)},
+    manifest = {"format": FORMAT, "identity": identity(request), "model": provenance, "source": source,
                 "complete": False}
     write_json(out / MANIFEST, manifest)
     return manifest

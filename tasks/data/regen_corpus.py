@@ -46,12 +46,22 @@ def read_generated(out: Path) -> tuple[list[tuple], list[int], dict]:
                              "write one with `layerwave generate --out DIR`")
     if not manifest.get("complete"):
         raise LayerwaveError(f"corpus regen:{out} is incomplete; re-run the same `layerwave generate` to finish it")
+    shards = committed_shards(out)[: manifest["shards"]]
+    damaged = (f"holds {len(shards)} of its {manifest['shards']} shards" if len(shards) < manifest["shards"]
+               else None)
     conversations, records = [], []
-    for path in committed_shards(out)[: manifest["shards"]]:
-        for line in path.read_text(encoding="utf-8").splitlines():
-            row = json.loads(line)
+    for path in shards if damaged is None else []:
+        try:
+            rows = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            damaged = f"has a damaged shard, {path.name}"
+            break
+        for row in rows:
             conversations.append(GeneratedConversation(row["messages"], row["token_ids"], row["loss_mask"]))
             records.append(row["source_record"])
+    if damaged:  # shards are written whole: a copy cut short, or a file removed by hand
+        raise LayerwaveError(f"corpus regen:{out} {damaged}; generate it again (the same `layerwave generate` "
+                             "with --overwrite)")
     return conversations, records, manifest
 
 

@@ -29,7 +29,7 @@ def registry() -> dict[str, dict]:
     built_in = tomllib.loads(resources.files("tasks.data").joinpath("models.toml").read_text())["models"]
     path = user_registry()
     try:
-        added = tomllib.loads(path.read_text()).get("models", {}) if path.exists() else {}
+        added = tomllib.loads(path.read_text(encoding="utf-8")).get("models", {}) if path.exists() else {}
     except tomllib.TOMLDecodeError as err:
         raise LayerwaveError(f"model registry {path} is not valid TOML ({err}); fix or delete it") from None
     return {**added, **built_in}
@@ -57,8 +57,11 @@ def add_model(name: str, source: str, description: str = "") -> dict:
     entry = {"description": description or f"added from {source}", "source": "hf", "path": checkpoint}
     path = user_registry()
     path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "a") as handle:
-        handle.write(f"\n[models.{json.dumps(name)}]\n" + "".join(f"{k} = {json.dumps(v)}\n" for k, v in entry.items()))
+    # JSON's escapes are TOML's, but for characters beyond the BMP, which JSON writes as surrogate
+    # pairs and TOML refuses: written as they are, in UTF-8
+    with open(path, "a", encoding="utf-8") as handle:
+        handle.write(f"\n[models.{json.dumps(name)}]\n"
+                     + "".join(f"{k} = {json.dumps(v, ensure_ascii=False)}\n" for k, v in entry.items()))
     return entry
 
 

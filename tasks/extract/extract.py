@@ -18,7 +18,7 @@ from store import commit, paths, schema
 from store.access import consolidate, open_group, open_root
 from store.dtypes import choose_storage_dtype, encode
 from store.errors import LayerwaveError, store_writes
-from store.layout import Layout, auto_chunking, create_template
+from store.layout import Layout, auto_chunking, checked_codecs, create_template
 from tasks.data import load_model
 from tasks.data.corpus import load_corpus
 from tasks.extract.forward import auto_batch_tokens, forward_shard
@@ -31,10 +31,13 @@ from tasks.stage_key import without_later_defaults
 def prepare_store(request: ExtractRequest) -> dict:
     """Tokenize, plan shards and write the template, or find the matching one of an earlier run."""
     loaded = load_model.load(request.model, request.device, request.dtype)
+    if request.topk > loaded.model.config.vocab_size:
+        raise LayerwaveError(f"--topk {request.topk} is more than {request.model}'s vocabulary of "
+                             f"{loaded.model.config.vocab_size} tokens; give at most that (the default is 20)")
     conversations = load_corpus(request.corpus)
     n_layers = len(request.layers) if request.layers is not None else loaded.num_layers + 1
-    default_chunk, default_shard = auto_chunking(n_layers, loaded.hidden_size)
-    tokens_per_chunk = request.tokens_per_chunk or default_chunk
+    tokens_per_chunk, default_shard = auto_chunking(n_layers, loaded.hidden_size, tokens_per_chunk=request.tokens_per_chunk,
+                                                    longest_document=request.max_length)
     chunks_per_shard = request.chunks_per_shard or default_shard
     plan = plan_tokens(loaded.tokenizer, conversations, tokens=request.tokens, max_length=request.max_length,
                        shard_tokens=tokens_per_chunk * chunks_per_shard, seed=request.seed)
@@ -68,7 +71,7 @@ def prepare_store(request: ExtractRequest) -> dict:
             loaded.device, n_layers, loaded.hidden_size, loaded.model.config.vocab_size)
         group = root.require_group(key).create_group(paths.ACTIVATIONS)
         group.create_array("source_record", shape=plan.source_record.shape, dtype="int32",
-                           dimension_names=["document"])[:] = plan.source_record
+                           compressors=checked_codecs(), dimension_names=["document"])[:] = plan.source_record
         create_template(group, layout, _per_token(plan), attrs={
             "schema_version": schema.SCHEMA_VERSION,
             "layer_convention": schema.LAYER_CONVENTION,
@@ -78,7 +81,8 @@ def prepare_store(request: ExtractRequest) -> dict:
                       "compute_dtype": str(loaded.model.dtype).removeprefix("torch.")},
             "corpus": {"spec": request.corpus, "seed": request.seed, "tokens_requested": request.tokens,
                        "max_length": request.max_length, "documents": int(len(plan.source_record)),
-                       "tokens": plan.n_tokens, "sha256": plan.digest()},
+                       "tokens": plan.n_tokens, "sha256": plan.digest(), "truncated": plan.truncated,
+                       "truncated_to": min(request.max_length, layout.shard_tokens)},
             "extraction": {"topk": request.topk, "batch_tokens": batch_tokens, "dtype": request.dtype,
                            "layers": request.layers or "all",
                            "storage_dtype_requested": request.storage_dtype, "probe_peak_abs": probe_peak},
@@ -115,7 +119,10 @@ def _probe_peak(loaded, plan: TokenPlan, request: ExtractRequest) -> float:
 def _summary(store: str, key: str, group: zarr.Group) -> dict:
     layout = Layout(**group.attrs["layout"])
     done = commit.committed(group)
+    corpus = group.attrs["corpus"]
     return {"store": store, "model_key": key, "n_tokens": layout.n_tokens, "n_shards": layout.n_shards,
+            "documents": corpus["documents"], "truncated": corpus.get("truncated", 0),
+            "truncated_to": corpus.get("truncated_to", corpus["max_length"]), "shard_tokens": layout.shard_tokens,
             "committed": int(done.sum()), "pending": [int(i) for i in np.flatnonzero(~done)],
             "storage_dtype": layout.storage_dtype, "plan_hash": group.attrs["plan_hash"]}
 

@@ -5,7 +5,7 @@ whole into one shard: one that does not fit the room left in a shard waits while
 documents fill that room (a few are looked ahead), and whatever room no document fits is padding
 (`doc` −1, no loss, never forwarded). So every shard is a self-contained set of whole documents
 that one task forwards and writes, no token is forwarded twice, and only documents longer than
-`--max-length` (or than a shard) are truncated.
+`--max-length` are truncated (or than a shard, where `--chunks-per-shard` makes shards shorter).
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ class TokenPlan:
     position: np.ndarray  # int32 (token,): position inside its document
     loss_mask: np.ndarray  # bool (token,)
     source_record: np.ndarray  # int32 (document,): index of each document in the corpus
+    truncated: int = 0  # documents longer than --max-length (or a shard), cut to it
 
     @property
     def n_tokens(self) -> int:
@@ -53,7 +54,7 @@ def plan_tokens(tokenizer, conversations, *, tokens: int, max_length: int, shard
     longest = min(max_length, shard_tokens)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     stream = (int(record) for record in np.random.default_rng(seed).permutation(len(conversations)))
-    pieces, waiting, filled, exhausted = [], [], 0, False
+    pieces, waiting, filled, exhausted, cut = [], [], 0, False, set()
     while filled < tokens:
         space = min(shard_tokens - filled % shard_tokens, tokens - filled)
         fitting = next((w for w in waiting if len(w[1]) <= space), None)
@@ -64,6 +65,8 @@ def plan_tokens(tokenizer, conversations, *, tokens: int, max_length: int, shard
                 break
             ids, mask = render(tokenizer, conversations[record])
             if len(ids):
+                if len(ids) > longest:
+                    cut.add(record)
                 waiting.append((record, ids[:longest], mask[:longest]))
                 fitting = waiting[-1] if len(waiting[-1][1]) <= space else None
         if fitting is not None:
@@ -78,6 +81,10 @@ def plan_tokens(tokenizer, conversations, *, tokens: int, max_length: int, shard
     if not pieces:
         raise LayerwaveError("the corpus rendered to no tokens; give it non-empty conversations")
     documents = [record for record, _, _ in pieces if record != PADDING]
+    if not documents:
+        shortest = min(len(ids) for _, ids, _ in waiting)
+        raise LayerwaveError(f"--tokens {tokens} holds no whole document (the shortest of the {len(waiting)} looked at "
+                             f"has {shortest} tokens); give more --tokens")
     numbers = iter(range(len(documents)))
     lengths = [len(ids) for _, ids, _ in pieces]
     doc = [PADDING if record == PADDING else next(numbers) for record, _, _ in pieces]
@@ -87,6 +94,7 @@ def plan_tokens(tokenizer, conversations, *, tokens: int, max_length: int, shard
         position=np.concatenate([np.arange(n, dtype=np.int32) for n in lengths]),
         loss_mask=np.concatenate([mask for _, _, mask in pieces]).astype(bool),
         source_record=np.asarray(documents, dtype=np.int32),
+        truncated=len(cut.intersection(documents)),
     )
 
 
