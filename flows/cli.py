@@ -12,7 +12,7 @@ import traceback
 
 from store.errors import LayerwaveError, is_user_error
 from tasks.names import DEFAULT_MODEL, DEFAULT_STORE
-from tasks.request import add_options, check_ahead, from_args, parameters
+from tasks.request import add_options, check_ahead, from_args, one_line, parameters
 
 
 def _extract_parser(sub) -> None:
@@ -73,8 +73,8 @@ def _select_parser(sub) -> None:
 
     p = sub.add_parser("select", help="propose candidate layer sets (entropy/CKA methods and baselines)")
     add_options(p, SelectRequest)
-    p.add_argument("--layers", type=layer_range, help="allowed HF indices LOW:HIGH (default 1:N-1, no embedding, "
-                                                       "no last)")
+    p.add_argument("--layers", type=one_line(layer_range), help="allowed HF indices LOW:HIGH (default 1:N-1, no "
+                                                                 "embedding, no last)")
     p.add_argument("--limit", type=int, help="print only the first n candidates")
     p.add_argument("--json", help="write {\"candidates\": [...]} to this file")
 
@@ -82,6 +82,7 @@ def _select_parser(sub) -> None:
 def _run_select(args) -> dict:
     from tasks.select.request import SelectRequest
 
+    _refuse_early(limit=args.limit)
     request = from_args(SelectRequest, args)
     if args.layers:
         request = dataclasses.replace(request, low=args.layers[0], high=args.layers[1])
@@ -297,7 +298,21 @@ def _run_pipeline(args) -> dict:
     return summary
 
 
+def _refuse_early(models: list[str] = (), preset: str | None = None, limit: int | None = None) -> None:
+    """Before Prefect starts: a flow's failure would repeat the one line in its run log first."""
+    from tasks.data.registry import resolve
+    from tasks.pipeline_presets import pipeline_preset
+
+    if limit is not None and limit < 1:
+        raise LayerwaveError(f"--limit must be at least 1 (got {limit})")
+    if preset is not None:
+        pipeline_preset(preset)
+    for model in models:
+        resolve(model)
+
+
 def _run_sweep(args) -> dict:
+    _refuse_early(args.model or [], args.preset, args.limit)
     _configure_logging()
     from flows.sweep import sweep
 
@@ -307,6 +322,7 @@ def _run_sweep(args) -> dict:
 
 
 def _run_report(args) -> dict:
+    _refuse_early([args.model], args.preset)
     _configure_logging()
     from flows.report import report
     from store.artefacts import location

@@ -48,11 +48,11 @@ def add_options(parser: argparse.ArgumentParser, request_type: type) -> None:
             meta.setdefault("type", _TYPES.get(kind, str))
             meta.setdefault("metavar", flag.lstrip("-").upper().replace("-", "_"))
         if "type" in meta:
-            meta["type"] = _one_line(meta["type"])
+            meta["type"] = one_line(meta["type"])
         parser.add_argument(flag, dest=spec.name, **meta)
 
 
-def _one_line(parse):
+def one_line(parse):
     """A parser of option text whose LayerwaveError argparse reports as its own one-line refusal."""
     def parse_option(text: str):
         try:

@@ -129,6 +129,10 @@ def test_auto_chooses_the_most_tokens_per_second_and_says_why():
     assert "hybrid" in plan["why"] and "hybrid: 18.5 tokens/s" in plan["why"] and "target alone 14.3" in plan["why"]
     slow = {name: (tau, seconds * (3 if name != "target" else 1)) for name, (tau, seconds) in RECORDED.items()}
     assert choose(slow)["choice"] == "target"
+    unmeasured = {**RECORDED, "hybrid": (1.0, 0.0), "tree": (1.0, 0.0)}  # no round ran: no rate, not a crash
+    assert choose(unmeasured)["choice"] == "lookup"
+    ended = {name: (tokens, 0.0) for name, (tokens, _) in RECORDED.items()}  # the reply ended in the prefill
+    assert choose(ended)["choice"] == "target" and "ends before a round can be timed" in choose(ended)["why"]
 
 
 def test_evaluate_cli_with_lookup_and_hybrid(trained, tmp_path, capsys):

@@ -84,6 +84,9 @@ def test_baselines_for_real_depths(n, expected):
 
 
 def test_constraints_are_respected(planted_store):
+    for gap in (0, -1):  # 0 would repeat a layer, -1 list one backwards
+        with pytest.raises(LayerwaveError, match=f"--min-gap must be at least 1 \\(got {gap}\\)"):
+            Constraints(k=3, min_gap=gap).allowed(9)
     candidates = select(model="planted", store=planted_store, k=2, low=2, high=8, min_gap=3)
     for c in candidates:
         assert len(c.layers) == 2 and 2 <= min(c.layers) and max(c.layers) <= 8

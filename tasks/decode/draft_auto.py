@@ -57,8 +57,14 @@ def label(candidate: str) -> str:
 
 def choose(candidates: dict[str, tuple[float, float]]) -> dict:
     """The candidate with the most expected tokens per second, from (tokens per round, seconds per
-    round) of each (`TARGET` among them), and a line that says why."""
-    rates = {name: tokens / seconds for name, (tokens, seconds) in candidates.items()}
+    round) of each (`TARGET` among them), and a line that says why. A candidate that ran no
+    round (the calibration reply ended in the prefill) has no rate; with no other, the target alone."""
+    rates = {name: tokens / seconds for name, (tokens, seconds) in candidates.items() if seconds > 0}
+    if TARGET not in rates or len(rates) == 1:
+        return {"choice": TARGET, "expected_speedup": 1.0, "expected_tokens_per_s": rates,
+                "why": f"{label(TARGET)}: the calibration prompt's reply ends before a round can be timed "
+                       "(nothing to draft; a larger --max-new-tokens measures the decoders)",
+                "candidates": per_round(candidates)}
     best = max(rates, key=rates.get)
     others = ", ".join(f"{label(name)} {rate:.1f}" for name, rate in sorted(rates.items(), key=lambda kv: -kv[1])
                        if name != best)
@@ -99,7 +105,7 @@ def auto_plan(target, head, prompt: list[int], per_position: list[float], eos: i
     (`decoder_of(name)`: decode(prompt, stopwatch) of chain D, hybrid D, tree and lookup), then
     the choice."""
     chains = chain_candidates(target, head, prompt, per_position, eos)
-    depth = max(chains, key=lambda name: chains[name][0] / chains[name][1]).split()[1]
+    depth = max(chains, key=lambda name: chains[name][0] / chains[name][1] if chains[name][1] > 0 else 0).split()[1]
     candidates = {TARGET: (1.0, plain_step_seconds(target, [prompt], max_new_tokens, eos))}
     candidates |= {name: measured_candidate(decoder_of(name), prompt, target.device)
                    for name in (f"chain {depth}", f"hybrid {depth}", "tree", "lookup", f"lookup {LONG_COPY_TOKENS}")}

@@ -54,8 +54,8 @@ class EvaluateRequest:
         from tasks.decode.draft_auto import acceptance_profile
         from tasks.decode.evaluate import bench_prompts, load_pair
 
-        for name in ("depth", "repeat", "tree_tokens"):
-            if getattr(self, name) < 1:
+        for name in ("depth", "repeat", "tree_tokens", "limit"):
+            if getattr(self, name) is not None and getattr(self, name) < 1:
                 raise LayerwaveError(f"--{name.replace('_', '-')} must be at least 1 (got {getattr(self, name)})")
         if self.temperature < 0:
             raise LayerwaveError(f"--temperature must be >= 0 (got {self.temperature}); 0 is greedy")

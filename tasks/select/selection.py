@@ -33,6 +33,8 @@ class Constraints:
     min_gap: int = 1
 
     def allowed(self, n_layers: int) -> list[int]:
+        if self.min_gap < 1:
+            raise LayerwaveError(f"--min-gap must be at least 1 (got {self.min_gap}): layers of a set differ")
         high = n_layers - 2 if self.high is None else self.high
         if not 0 <= self.low <= high < n_layers:
             raise LayerwaveError(f"allowed layers {self.low}..{high} are not within the store's 0..{n_layers - 1}")
