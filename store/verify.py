@@ -145,12 +145,13 @@ def verify(store: str, model: str | None = None, repair: bool = False) -> tuple[
     return sound, lines
 
 
-def first_damage(store: str) -> str | None:
-    """The first unreadable array shard of any model in `store`, as `verify` reports it."""
+def first_damage(store: str) -> tuple[str, bool] | None:
+    """The first unreadable array (shard) of any model in `store`, as `verify` reports it, and
+    whether extracting its shards again repairs it (a template array needs a new extraction)."""
     for key in model_keys(store):
         for problem in verify_model(store, key)[0]:
             if "is unreadable" in problem:
-                return problem.split(" is unreadable")[0]
+                return problem.split(" is unreadable")[0], "--overwrite" not in problem
     return None
 
 
@@ -164,9 +165,9 @@ def store_reads(store: str | None):
     except (ValueError, RuntimeError) as err:
         if not is_damaged_chunk(err):
             raise
-        where = (first_damage(store) if store else None) or "a chunk"
+        where, by_shard = (first_damage(store) if store else None) or ("a chunk", True)
         option = f" --store {store}" if store else ""
-        raise LayerwaveError(
-            f"{f'store {store}' if store else 'the store'}: {where} is damaged (its checksum does not match); run "
-            f"`layerwave verify{option} --repair`, then the `layerwave extract` command it prints, to rewrite it"
-        ) from err
+        fix = (f"run `layerwave verify{option} --repair`, then the `layerwave extract` command it prints, to rewrite it"
+               if by_shard else "extract this model again with --overwrite")
+        raise LayerwaveError(f"{f'store {store}' if store else 'the store'}: {where} is damaged (its checksum does "
+                             f"not match); {fix}") from err
