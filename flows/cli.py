@@ -323,6 +323,11 @@ def _run_sweep(args) -> dict:
 
 def _run_report(args) -> dict:
     _refuse_early([args.model], args.preset)
+    from tasks.data.registry import store_key
+    from tasks.pipeline_presets import preset_store
+    from tasks.report.write_report import check_reportable
+
+    check_reportable(preset_store(args.preset, args.store), store_key(args.model), args.preset)
     _configure_logging()
     from flows.report import report
     from store.artefacts import location

@@ -35,6 +35,7 @@ from tasks.pipeline_request import PipelineResult, Run, RunRequest
 from tasks.pipeline_stages import SOURCE, by_priority, extraction_current, training_layers
 from tasks.progress import stage_line
 from tasks.request import checked
+from tasks.stats.token_filter import filters_for
 
 
 @flow(name="layerwave-pipeline")
@@ -53,7 +54,8 @@ def pipeline(model: str = DEFAULT_MODEL, preset: str = "quick", store: str | Non
     analyze(model=model, store=store, entropy_quantile=p.entropy_quantile, drop_first_token=True,
             memory_gb=p.memory_gb)
     logger.info(stage_line("select", "candidate layer sets"))
-    candidates = select(model=model, store=store, filter_key=REFERENCE_FILTER.key, n_random=p.n_random)
+    own = [f.key for f in filters_for(0.0, p.entropy_quantile, drop_first_token=True)]  # not a hand-run analysis's
+    candidates = select(model=model, store=store, filter_key=REFERENCE_FILTER.key, n_random=p.n_random, analyses=own)
     chosen = by_priority(candidates)[: limit or p.candidates]
     if p.training_tokens:
         extract_training_store(run, training_layers(candidates, p))

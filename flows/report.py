@@ -7,10 +7,11 @@ from prefect import flow
 from tasks.data.registry import store_key
 from tasks.names import DEFAULT_MODEL
 from tasks.pipeline_presets import preset_store
-from tasks.report.write_report import report_task
+from tasks.report.write_report import check_reportable, report_task
 
 
 @flow(name="layerwave-report")
 def report(model: str = DEFAULT_MODEL, preset: str = "quick", store: str | None = None) -> dict:
     """Regenerate a model's report from the store and the heads' evaluation results."""
+    check_reportable(preset_store(preset, store), store_key(model), preset)
     return report_task(preset_store(preset, store), store_key(model), preset)

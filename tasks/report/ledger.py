@@ -43,17 +43,25 @@ def head_record(head: UPath, round_name: str, layers: list[int], seed: int, benc
             "scores": scores}
 
 
-def heads_on_disk(store: str, model_key: str, preset: str, sets: list[list[int]], seeds, benches) -> list[dict]:
-    """The records of every screening and final head of `sets` × `seeds` found beside the store."""
+def heads_on_disk(store: str, model_key: str, preset: str, sets: list[list[int]], seeds, benches,
+                  data_plan_hash: str) -> list[dict]:
+    """The records of every screening and final head of `sets` × `seeds` found beside the store
+    and trained from the activations `data_plan_hash` names (a head left from a training store
+    since remade is another study's)."""
     workspace, records = Workspace(store), []
     for layers in sets:
         for seed in seeds:
             for round_name, head in (("screening", workspace.screening_head(model_key, preset, layers, seed)),
                                      ("final", workspace.head(model_key, preset, layers, seed))):
                 record = head_record(head, round_name, layers, seed, benches)
-                if record is not None:
+                if record is not None and record["data_plan_hash"] == data_plan_hash:
                     records.append(record)
     return records
+
+
+def head_slot(record: dict) -> tuple:
+    """Which head of the study a record is: its round, set and seed."""
+    return record["round"], tuple(record["layers"]), record["seed"]
 
 
 @dataclass(frozen=True)
@@ -89,12 +97,14 @@ class Ledger:
         return [record for record in self.records.values() if record["data_plan_hash"] == data_plan_hash]
 
     def write(self, records: list[dict]) -> Ledger:
-        """The ledger with `records` added (a record of the same key replaced), written whole."""
-        merged = {**self.records, **{record["training_key"]: record for record in records}}
+        """The ledger with `records` added, written whole. A record replaces the one of the same
+        head (round, set, seed) whatever its key: with two recipes' records of one head, a report
+        would count that head twice."""
+        merged = {head_slot(record): record for record in [*self.records.values(), *records]}
         ordered = sorted(merged.values(), key=lambda r: (ROUNDS.index(r["round"]), r["seed"], r["layers"]))
         lines = ",\n".join(json.dumps(record, sort_keys=True) for record in ordered)  # a head per line: short diffs
         write_text(self.path, f'{{"heads": [\n{lines}\n]}}\n')
-        return Ledger(self.path, merged)
+        return Ledger(self.path, {record["training_key"]: record for record in ordered})
 
     def publish_head(self, head: UPath, round_name: str, layers: list[int], seed: int, benches) -> Ledger:
         """The ledger with one just-finished head added, published at once: a run lost before its

@@ -145,9 +145,14 @@ def verdict(rows: list[dict], bench: str) -> str:
             within += 1
     compared = len(others) - uncompared
     if not compared:
-        best = max(here, key=lambda r: r["tau_mean"])
-        leader = "the EAGLE-3 default" if best is default else f"{best['layers']} ({best['method']})"
-        return (f"{bench}: {leader} has the highest mean τ ({best['tau_mean']:.3f}) of {len(here)} sets, "
+        top = max(r["tau_mean"] for r in here)
+        leaders = [r for r in here if r["tau_mean"] == top]
+        if len(leaders) > 1:
+            among = ", the EAGLE-3 default among them" if any(r is default for r in leaders) else ""
+            return (f"{bench}: {len(leaders)} of {len(here)} sets tie at the highest mean τ ({top:.3f}){among}, "
+                    "from one seed per set: no interval, no conclusion.")
+        leader = "the EAGLE-3 default" if leaders[0] is default else f"{leaders[0]['layers']} ({leaders[0]['method']})"
+        return (f"{bench}: {leader} has the highest mean τ ({top:.3f}) of {len(here)} sets, "
                 "from one seed per set: no interval, no conclusion.")
     pending = f" Not compared yet (under two seeds in common): {uncompared}." if uncompared else ""
     return (f"{bench}: default {default['layers']} τ {default['tau_mean']:.3f} ± {default['tau_ci95']:.3f}. "

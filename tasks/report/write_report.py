@@ -20,7 +20,7 @@ from store.paths import Workspace
 from store.read import open_activations
 from tasks.data.regen_corpus import replies_summary
 from tasks.pipeline_presets import REFERENCE_FILTER, pipeline_preset
-from tasks.report.ledger import Ledger, heads_on_disk
+from tasks.report.ledger import LEDGER, Ledger, head_slot, heads_on_disk
 from tasks.report.plots import plot_cka, plot_entropy_vs_depth, plot_tau_by_set
 from tasks.report.report import SCORES, correlations, markdown, mean_ci95, result_rows
 from tasks.report.study import screening_rows, with_finalists
@@ -28,6 +28,16 @@ from tasks.select.select import analysis_filters, candidates_from
 
 REFERENCE = REFERENCE_FILTER.key
 SCREENED = "screening: τ_offline"
+
+
+def check_reportable(store: str, model_key: str, preset: str) -> None:
+    """A report of a preset no run trained heads for would replace the report of the run that did
+    (one report per model beside a store) and, for a publishing preset, the published results."""
+    p = pipeline_preset(preset)
+    published = p.publish and (Path(p.publish) / model_key / LEDGER).is_file()
+    if not (Workspace(store).heads(model_key, preset).exists() or published):
+        raise LayerwaveError(f"no {preset} heads of {model_key} beside {store}; run `layerwave run --model "
+                             f"{model_key} --store {store} --preset {preset}` first, or pass the preset that made them")
 
 
 @task(name="write-report", cache_policy=NO_CACHE)
@@ -44,7 +54,8 @@ def report_task(store: str, model_key: str, preset: str, sets: list[list[int]] |
     candidates = [c for c in every if sets is None or c.layers in sets]
     benches, training_store = list(p.benches), p.training_store(store)
     trained_on = open_activations(training_store, model_key)  # what the heads were trained from
-    on_disk = heads_on_disk(store, model_key, preset, [c.layers for c in every], p.seeds, benches)
+    on_disk = heads_on_disk(store, model_key, preset, [c.layers for c in every], p.seeds, benches,
+                            trained_on.attrs["plan_hash"])
     ledger = Ledger.published(p.publish, model_key)
     records = on_disk + earlier_records(ledger, trained_on.attrs["plan_hash"], on_disk, p.seeds)
     rows = result_rows(candidates, final_scores(records, benches), benches)
@@ -83,9 +94,8 @@ def report_task(store: str, model_key: str, preset: str, sets: list[list[int]] |
 def earlier_records(ledger: Ledger, data_plan_hash: str, on_disk: list[dict], seeds) -> list[dict]:
     """The ledger's records of heads trained from these activations on an earlier machine and not
     found here."""
-    here = {(r["round"], tuple(r["layers"]), r["seed"]) for r in on_disk}
-    return [r for r in ledger.current(data_plan_hash)
-            if (r["round"], tuple(r["layers"]), r["seed"]) not in here and r["seed"] in seeds]
+    here = {head_slot(r) for r in on_disk}
+    return [r for r in ledger.current(data_plan_hash) if head_slot(r) not in here and r["seed"] in seeds]
 
 
 def final_scores(records: list[dict], benches: list[str]) -> dict[tuple, list[dict]]:

@@ -42,6 +42,8 @@ class SelectRequest:
     filter_key: str = option("all", "token filter whose analysis scores the sets", flag="--filter")
     seed: int = option(0, "seed of the random control sets")
     n_random: int = option(3, "number of random control sets", flag="--random")
+    analyses: list[str] | None = option(None, "token filters whose analyses propose sets, comma-separated (default: "
+                                              "every analysis in the store)", type=method_list)
 
     def check(self) -> Selection:
         """Every mistake, before any flow starts; finds the filters with an analysis."""
@@ -53,6 +55,12 @@ class SelectRequest:
 
         key = store_key(self.model)
         filters = analysis_filters(self.store, key)
+        if self.analyses is not None:
+            missing = [name for name in self.analyses if name not in filters]
+            if missing:
+                raise LayerwaveError(f"no analysis with token filter {', '.join(missing)} for {key}; it has "
+                                     f"{', '.join(filters)}: run `layerwave analyze` with that filter first")
+            filters = [name for name in filters if name in self.analyses]
         if self.filter_key not in filters:
             raise LayerwaveError(f"no analysis with token filter {self.filter_key} for {key}; it has "
                                  f"{', '.join(filters)}: pass --filter with one of them")
