@@ -3,6 +3,7 @@ that need planted structure or shapes no real model here has (e.g. 33 layers × 
 
 from __future__ import annotations
 
+import hashlib
 from typing import Callable
 
 import numpy as np
@@ -31,13 +32,18 @@ def write_synthetic(store: str, model_key: str, *, n_layers: int, hidden_size: i
     create_template(group, layout, per_token, attrs={
         "schema_version": schema.SCHEMA_VERSION, "layer_convention": schema.LAYER_CONVENTION,
         "model": {"source": "synthetic", "key": model_key}, "layout": layout.as_attrs(),
-        "complete": False, "plan_hash": f"synthetic-{n_layers}x{hidden_size}x{n_tokens}"})
+        "complete": False, "plan_hash": "synthetic-being-written"})
+    # The plan hash names the values: a store rewritten in place with others must not keep the old
+    # statistics, which are keyed on it.
+    digest = hashlib.sha256(entropy.tobytes())
     for shard in range(layout.n_shards):
         start, stop = layout.shard_range(shard)
         values = torch.from_numpy(np.ascontiguousarray(shard_values(start, stop), dtype=np.float32))
+        digest.update(values.numpy().tobytes())
         group[schema.HIDDEN_STATES][:, start:stop, :] = encode(values, storage_dtype)
         group[schema.ENTROPY][start:stop] = entropy[start:stop]
         commit.mark_committed(group, shard)
+    group.attrs["plan_hash"] = f"synthetic-{digest.hexdigest()[:16]}"
     commit.mark_complete(group)
     consolidate(store)
     return layout

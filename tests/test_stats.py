@@ -220,6 +220,15 @@ def test_analyze_bad_input(tmp_path, capsys, extracted):
             "keeps 0 of 1500 tokens; at least 4 are needed")
     refused(["--model", "tiny-random-llama", "--store", store, "--set", "2,40"],
             "layers [40] are not in the store (it has HF indices 0..8)")
+    refused(["--model", "tiny-random-llama", "--store", store, "--entropy-threshold", "2", "--entropy-quantile", "0.5"],
+            "give --entropy-threshold or --entropy-quantile, not both")
+    for option, value, expected in (("--partitions", "0", "--partitions must be above 0 (got 0)"),
+                                    ("--sketch-dim", "0", "--sketch-dim must be above 0"),
+                                    ("--memory-gb", "-1", "--memory-gb must be above 0"),
+                                    ("--alpha", "nan", "--alpha is a Rényi order, a finite number >= 0 (got nan)")):
+        refused(["--model", "tiny-random-llama", "--store", store, option, value], expected)
+    from tasks.stats.token_filter import TokenFilter
+    assert TokenFilter(2.5).key == "entropy-ge-2.5" != TokenFilter(2.5000004).key  # no two filters share a name
     with pytest.raises(LayerwaveError, match="repeats a layer"):
         from tasks.select.layer_ids import check_layers
         check_layers([2, 2], 9)

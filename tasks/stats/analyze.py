@@ -44,7 +44,7 @@ def token_masks(store: str, model_key: str, filters: list[TokenFilter]) -> tuple
 def accumulate_task(analysis: Analysis) -> dict:
     """The statistics of every filter whose stored ones are missing or stale, in one pass."""
     logger = get_run_logger()
-    store, model_key, masks, source, config = (analysis.request.store, analysis.model_key, analysis.masks,
+    store, model_key, masks, source, config = (analysis.store, analysis.model_key, analysis.masks,
                                                analysis.source, analysis.config)
     shape = (source["n_layers"], source["d"])
     stale = {key: mask for key, mask in masks.items()

@@ -7,9 +7,12 @@ imports what it needs.
 
 from __future__ import annotations
 
+import math
+import os
 from dataclasses import dataclass
 from typing import Any
 
+from store.errors import LayerwaveError
 from tasks.names import DEFAULT_MODEL, DEFAULT_STORE
 from tasks.request import option
 from tasks.select.layer_ids import parse_layers
@@ -43,13 +46,20 @@ class AnalyzeRequest:
         from tasks.stats.stats_pass import PassConfig
         from tasks.stats.token_filter import filters_for
 
+        for name, value in (("--memory-gb", self.memory_gb), ("--partitions", self.partitions),
+                            ("--sketch-dim", self.sketch_dim)):
+            if value is not None and not value > 0:
+                raise LayerwaveError(f"{name} must be above 0 (got {value})")
+        for alpha in self.alphas or []:
+            if not 0 <= alpha < math.inf:  # NaN fails this too
+                raise LayerwaveError(f"--alpha is a Rényi order, a finite number >= 0 (got {alpha})")
         key = store_key(self.model)
         check_schema(self.store)
         filters = filters_for(self.entropy_threshold, self.entropy_quantile, self.drop_first_token)
         masks, source = token_masks(self.store, key, filters)
         sets = [check_layers(s, source["n_layers"]) for s in self.sets or []]
         config = PassConfig(int(self.memory_gb * (1 << 30)), self.partitions, self.sketch_dim, self.dask_address)
-        return Analysis(self, key, filters, masks, source, sets, config)
+        return Analysis(self, key, filters, masks, source, sets, config, worker_path(self.store, self.dask_address))
 
 
 @dataclass(frozen=True)
@@ -63,3 +73,11 @@ class Analysis:
     source: dict  # plan_hash, n_layers, d of the activations
     sets: list[list[int]]
     config: Any  # tasks.stats.stats_pass.PassConfig
+    store: str  # as the workers open it: a local path made absolute for a cluster's workers
+
+
+def worker_path(store: str, dask_address: str | None) -> str:
+    """A cluster's workers start in their own folder: a relative local path must not be read from there."""
+    from store.access import is_local
+
+    return os.path.abspath(store) if dask_address and is_local(store) else store

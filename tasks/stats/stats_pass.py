@@ -126,12 +126,16 @@ def compute_tile(store: str, group_path: str, layout: Layout, rows, cols, masks,
     return total
 
 
-def provisional_shift(store: str, group_path: str, layout: Layout) -> np.ndarray:
-    """Per-layer mean over the first shard: subtracting it keeps float64 sums of squares accurate."""
+def provisional_shift(store: str, group_path: str, layout: Layout, masks: dict[str, np.ndarray]) -> np.ndarray:
+    """Per-layer mean of the first shard's tokens that some filter keeps: subtracting it keeps the
+    sums of squares accurate. Over every token instead, a first token's massive activation (or
+    padding) would shift the kept ones far from 0, and their float32 products would lose what
+    debiased CKA measures."""
     array = open_group(store, group_path)[schema.HIDDEN_STATES]
     start, stop = layout.shard_range(0)
+    kept = np.logical_or.reduce([mask[start:stop] for mask in masks.values()])
     block = read_layers(array, list(range(layout.n_layers)), start, stop)
-    return block.mean(axis=1, dtype=np.float64).astype(np.float32)
+    return block[:, kept if kept.any() else slice(None)].mean(axis=1, dtype=np.float64).astype(np.float32)
 
 
 def accumulate_statistics(store: str, model_key: str, masks: dict[str, np.ndarray], config: PassConfig,
@@ -141,7 +145,7 @@ def accumulate_statistics(store: str, model_key: str, masks: dict[str, np.ndarra
     layout = Layout(**open_group(store, group_path).attrs["layout"])
     d = effective_dim(layout.n_layers, layout.hidden_size, config.sketch_dim)
     proj = projection(layout.hidden_size, d)
-    shift = provisional_shift(store, group_path, layout)
+    shift = provisional_shift(store, group_path, layout, masks)
     groups = layer_groups(layout.n_layers, d, len(masks), config)
     tiles = [(a, b) for a in range(len(groups)) for b in range(a, len(groups))]
     outputs = {key: create_stats_group(store, model_key, key, layout.n_layers, d) for key in masks}

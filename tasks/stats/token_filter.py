@@ -23,9 +23,9 @@ class TokenFilter:
     def key(self) -> str:
         """Path-safe name of the filter, used as the group name of its statistics."""
         if self.quantile is not None:
-            name = f"quantile-ge-{self.quantile:g}"
+            name = f"quantile-ge-{_exact(self.quantile)}"
         elif self.threshold > 0:
-            name = f"entropy-ge-{self.threshold:g}"
+            name = f"entropy-ge-{_exact(self.threshold)}"
         else:
             name = "all"
         return name + ("-drop-first" if self.drop_first_token else "")
@@ -44,10 +44,20 @@ class TokenFilter:
         return keep
 
 
+def _exact(value: float) -> str:
+    """Short (2, 0.5) where that reads back as the same number, else every digit needed: two
+    filters never share a name, and so never each other's statistics (2.5 and 2.5000004)."""
+    short = f"{value:g}"
+    return short if float(short) == value else repr(float(value))
+
+
 def filters_for(threshold: float, quantile: float | None, drop_first_token: bool) -> list[TokenFilter]:
     """`all` always (the reference), plus the filter asked for when it is not `all`."""
     if threshold < 0:
         raise LayerwaveError(f"--entropy-threshold must be ≥ 0 nats (got {threshold})")
+    if threshold > 0 and quantile is not None:
+        raise LayerwaveError("give --entropy-threshold or --entropy-quantile, not both (a token filter keeps tokens "
+                             "by one of them)")
     asked = TokenFilter(threshold, quantile, drop_first_token)
     reference = TokenFilter(drop_first_token=drop_first_token)
     return [reference] if asked == reference else [reference, asked]
