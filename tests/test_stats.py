@@ -174,6 +174,24 @@ def test_filtered_statistics_equal_those_of_the_kept_tokens(tmp_path):
     assert quantile["tokens_kept"] == (ds.entropy.values >= np.quantile(ds.entropy.values, 0.75)).sum()
 
 
+def test_a_massive_first_token_costs_debiased_cka_nothing_once_dropped(tmp_path):
+    """Attention sinks: each document's first token carries activations ~10^4 times the rest. The
+    statistics of the tokens kept stay those numpy computes on them alone."""
+    rng = np.random.default_rng(0)
+    values = rng.standard_normal((2, 2048, 16))
+    first = np.arange(2048) % 256 == 0
+    values[:, first, 0] = 5e4
+    values = values.astype(np.float32)
+    store = str(tmp_path / "sinks.zarr")
+    write_synthetic(store, "sinks", n_layers=2, hidden_size=16, n_tokens=2048, shard_values=lambda a, b: values[:, a:b],
+                    doc_length=256, tokens_per_chunk=32, chunks_per_shard=4)
+    accumulate_statistics(store, "sinks", {"all-drop-first": ~first}, PassConfig(), {"plan_hash": "x"},
+                          {"scheduler": "sync"})
+    kept = [values[layer][~first].astype(np.float64) for layer in range(2)]
+    expected = kornblith_debiased_cka(*(x - x.mean(axis=0) for x in kept))
+    assert float(layer_measures(store, "sinks", "all-drop-first").cka_debiased[0, 1]) == pytest.approx(expected, abs=1e-4)
+
+
 def test_analyze_cli_writes_json_and_plots_and_reuses_statistics(tmp_path, capsys):
     store = synthetic_store(tmp_path, planted())
     out = tmp_path / "a.json"
