@@ -192,6 +192,16 @@ def test_a_massive_first_token_costs_debiased_cka_nothing_once_dropped(tmp_path)
     assert float(layer_measures(store, "sinks", "all-drop-first").cka_debiased[0, 1]) == pytest.approx(expected, abs=1e-4)
 
 
+def test_a_constant_layer_has_no_entropy_and_a_set_holding_it_is_one_line(tmp_path):
+    values = np.random.default_rng(1).standard_normal((3, 512, 8)).astype(np.float32)
+    values[1] = 3.0
+    store = synthetic_store(tmp_path, values)
+    result = analyze(model="planted", store=store)
+    assert np.isnan(result["entropy_h1"][1]) and np.isfinite(result["entropy_h1"][0])
+    with pytest.raises(LayerwaveError, match=r"layers \[1\] do not vary over the kept tokens"):
+        analyze(model="planted", store=store, sets=[[0, 1, 2]])
+
+
 def test_analyze_cli_writes_json_and_plots_and_reuses_statistics(tmp_path, capsys):
     store = synthetic_store(tmp_path, planted())
     out = tmp_path / "a.json"

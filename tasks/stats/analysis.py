@@ -87,6 +87,10 @@ class SetEntropy:
         """Each layer scaled to unit trace by default, as a learned fc layer can rescale them;
         `normalization="raw"` keeps their own scale."""
         layers = check_layers(layers, len(self._trace))
+        constant = [layer for layer in layers if not self._trace[layer] > 0]
+        if constant:
+            raise LayerwaveError(f"layers {constant} do not vary over the kept tokens (zero variance): a set holding "
+                                 "them has no entropy; leave them out")
         if normalization == "trace":
             weights = 1 / np.sqrt(self._trace[layers])
         elif normalization == "raw":

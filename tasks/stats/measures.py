@@ -52,7 +52,10 @@ def spectrum(covariance: np.ndarray, n: int) -> np.ndarray:
 
 
 def renyi_entropy(eigenvalues: np.ndarray, alpha: float) -> float:
-    """Rényi entropy (nats) of the normalised spectrum; α = 1 is von Neumann/Shannon."""
+    """Rényi entropy (nats) of the normalised spectrum; α = 1 is von Neumann/Shannon. NaN for an
+    empty spectrum (a layer that does not vary: no distribution to measure)."""
+    if not eigenvalues.size:
+        return float("nan")
     p = eigenvalues / eigenvalues.sum()
     if alpha == 1:
         return float(-(p * np.log(p)).sum())
@@ -62,14 +65,16 @@ def renyi_entropy(eigenvalues: np.ndarray, alpha: float) -> float:
 
 
 def h2_from_frobenius(frobenius2: float, trace: float) -> float:
-    """H_2 = −ln(‖C‖_F² / tr(C)²), no eigendecomposition needed."""
-    return float(-np.log(frobenius2 / trace**2))
+    """H_2 = −ln(‖C‖_F² / tr(C)²), no eigendecomposition needed; NaN for a layer that does not vary."""
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return float(-np.log(frobenius2 / trace**2))
 
 
 def linear_cka(frobenius2: np.ndarray) -> np.ndarray:
     """CKA_lm = ‖C_lm‖_F² / (‖C_ll‖_F ‖C_mm‖_F) from the matrix of squared Frobenius norms."""
     norms = np.sqrt(np.diag(frobenius2))
-    return frobenius2 / np.outer(norms, norms)
+    with np.errstate(invalid="ignore", divide="ignore"):  # NaN beside a layer that does not vary
+        return frobenius2 / np.outer(norms, norms)
 
 
 def debiased_cka(hsic: np.ndarray) -> np.ndarray:
