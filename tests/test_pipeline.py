@@ -122,6 +122,13 @@ def test_a_report_of_a_preset_no_run_trained_is_refused(finished, capsys):
     assert main(["report", "--model", TINY, "--preset", "study", "--store", store]) == 2
     assert f"no study heads of {TINY} beside {store}" in capsys.readouterr().err
     assert report.read_text() == before and not Path("results", TINY).exists()
+    training = Path(Workspace(store).training_store())
+    away = training.rename(training.with_name("away.zarr"))
+    try:
+        assert main(["report", "--model", TINY, "--preset", "smoke", "--store", store]) == 2
+        assert f"the training store {training} of the smoke run is gone; `layerwave run" in capsys.readouterr().err
+    finally:
+        away.rename(training)
 
 
 def test_report_command_regenerates_the_report(finished, tmp_path, capsys):

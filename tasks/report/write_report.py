@@ -53,6 +53,9 @@ def report_task(store: str, model_key: str, preset: str, sets: list[list[int]] |
     every = candidates_from(selection)
     candidates = [c for c in every if sets is None or c.layers in sets]
     benches, training_store = list(p.benches), p.training_store(store)
+    if training_store != store and open_existing(training_store, paths.activations(model_key)) is None:
+        raise LayerwaveError(f"the training store {training_store} of the {preset} run is gone; `layerwave run --model "
+                             f"{model_key} --store {store} --preset {preset}` extracts it again (and reuses the heads)")
     trained_on = open_activations(training_store, model_key)  # what the heads were trained from
     on_disk = heads_on_disk(store, model_key, preset, [c.layers for c in every], p.seeds, benches,
                             trained_on.attrs["plan_hash"])
