@@ -96,10 +96,10 @@ def extract_training_store(run: Run, layers: list[int]) -> None:
     """The candidates' layers over the preset's training budget of the same corpus, unless the
     training store already holds them; it is remade when the candidates read other layers."""
     p, store = run.preset, run.training_store
-    if extraction_current(run, store, p.training_tokens, layers):
-        get_run_logger().info(stage_line("extract", f"the training store {store} is complete"))
+    if extraction_current(run, store, p.training_tokens, layers):  # after select: the train stage's first step
+        get_run_logger().info(stage_line("train", f"the training store {store} is complete"))
         return
-    get_run_logger().info(stage_line("extract", f"layers {layers} over {p.training_tokens} tokens into {store}, "
-                                                "for training"))
+    get_run_logger().info(stage_line("train", f"first the training store: layers {layers} over {p.training_tokens} "
+                                              f"tokens into {store}"))
     extract(model=run.request.model, corpus=run.corpus, tokens=p.training_tokens, max_length=p.max_length,
             store=store, layers=layers, overwrite=True, dtype=run.dtype)
