@@ -35,7 +35,6 @@ from tasks.pipeline_request import PipelineResult, Run, RunRequest
 from tasks.pipeline_stages import SOURCE, by_priority, extraction_current, training_layers
 from tasks.progress import stage_line
 from tasks.request import checked
-from tasks.stats.token_filter import filters_for
 
 
 @flow(name="layerwave-pipeline")
@@ -51,10 +50,10 @@ def pipeline(model: str = DEFAULT_MODEL, preset: str = "quick", store: str | Non
     p, store = run.preset, run.store
     extract_once(run)
     logger.info(stage_line("analyze", "entropy and CKA of every layer, out of core"))
-    analyze(model=model, store=store, entropy_quantile=p.entropy_quantile, drop_first_token=True,
-            memory_gb=p.memory_gb)
+    analysed = analyze(model=model, store=store, entropy_quantile=p.entropy_quantile, drop_first_token=True,
+                       memory_gb=p.memory_gb)
     logger.info(stage_line("select", "candidate layer sets"))
-    own = [f.key for f in filters_for(0.0, p.entropy_quantile, drop_first_token=True)]  # not a hand-run analysis's
+    own = list(analysed["tokens_kept_per_filter"])  # the pipeline's filters, not those of an analysis run by hand
     candidates = select(model=model, store=store, filter_key=REFERENCE_FILTER.key, n_random=p.n_random, analyses=own)
     chosen = by_priority(candidates)[: limit or p.candidates]
     if p.training_tokens:

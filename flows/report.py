@@ -13,5 +13,6 @@ from tasks.report.write_report import check_reportable, report_task
 @flow(name="layerwave-report")
 def report(model: str = DEFAULT_MODEL, preset: str = "quick", store: str | None = None) -> dict:
     """Regenerate a model's report from the store and the heads' evaluation results."""
-    check_reportable(preset_store(preset, store), store_key(model), preset)
-    return report_task(preset_store(preset, store), store_key(model), preset)
+    store, model_key = preset_store(preset, store), store_key(model)
+    check_reportable(store, model_key, preset)
+    return report_task(store, model_key, preset)

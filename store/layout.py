@@ -7,6 +7,7 @@ shard (one writer per shard, each write covering whole shards).
 
 from __future__ import annotations
 
+import functools
 from dataclasses import asdict, dataclass
 
 import numpy as np
@@ -87,9 +88,9 @@ def create_template(group: zarr.Group, layout: Layout, per_token: dict[str, np.n
     `attrs` (which carry the plan hash) are written last: a group without them is a template
     that was interrupted and may be rebuilt.
     """
-    compressor = checked_codecs()
+    create_array = functools.partial(group.create_array, compressors=checked_codecs())
     token_chunks = (layout.shard_tokens,)
-    group.create_array(
+    create_array(
         schema.HIDDEN_STATES,
         shape=(layout.n_layers, layout.n_tokens, layout.hidden_size),
         chunks=(1, layout.tokens_per_chunk, layout.hidden_size),
@@ -97,36 +98,33 @@ def create_template(group: zarr.Group, layout: Layout, per_token: dict[str, np.n
         dtype=ZARR_DTYPE[layout.storage_dtype],
         fill_value=0,
         filters=filters(layout.storage_dtype),
-        compressors=compressor,
         dimension_names=[schema.LAYER, schema.TOKEN, schema.HIDDEN],
         attributes={"storage_dtype": layout.storage_dtype},
     )
-    group.create_array(
-        schema.ENTROPY, shape=(layout.n_tokens,), chunks=token_chunks, dtype="float32", compressors=compressor,
+    create_array(
+        schema.ENTROPY, shape=(layout.n_tokens,), chunks=token_chunks, dtype="float32",
         fill_value=float("nan"), dimension_names=[schema.TOKEN],
         attributes={"units": "nats", "description": schema.LABELS_DOC},
     )
-    group.create_array(
+    create_array(
         schema.TOPK_IDS, shape=(layout.n_tokens, layout.topk), chunks=(layout.shard_tokens, layout.topk),
-        dtype="int32", fill_value=-1, compressors=compressor, dimension_names=[schema.TOKEN, schema.TOPK],
+        dtype="int32", fill_value=-1, dimension_names=[schema.TOKEN, schema.TOPK],
     )
-    group.create_array(
+    create_array(
         schema.TOPK_LOGPROBS, shape=(layout.n_tokens, layout.topk), chunks=(layout.shard_tokens, layout.topk),
-        dtype="float32", fill_value=float("nan"), compressors=compressor, dimension_names=[schema.TOKEN, schema.TOPK],
+        dtype="float32", fill_value=float("nan"), dimension_names=[schema.TOKEN, schema.TOPK],
     )
     for name, values in per_token.items():
-        array = group.create_array(
-            name, shape=values.shape, chunks=token_chunks, dtype=values.dtype, compressors=compressor,
-            dimension_names=[schema.TOKEN]
-        )
+        array = create_array(name, shape=values.shape, chunks=token_chunks, dtype=values.dtype,
+                             dimension_names=[schema.TOKEN])
         array[:] = values
-    group.create_array(schema.LAYER, shape=(layout.n_layers,), chunks=(layout.n_layers,), dtype="int32",
-                       compressors=compressor, dimension_names=[schema.LAYER])[:] = np.asarray(layout.stored_layers, dtype=np.int32)
-    group.create_array(schema.TOKEN, shape=(layout.n_tokens,), chunks=token_chunks, dtype="int64",
-                       compressors=compressor, dimension_names=[schema.TOKEN])[:] = np.arange(layout.n_tokens, dtype=np.int64)
-    group.create_array(
+    create_array(schema.LAYER, shape=(layout.n_layers,), chunks=(layout.n_layers,), dtype="int32",
+                 dimension_names=[schema.LAYER])[:] = np.asarray(layout.stored_layers, dtype=np.int32)
+    create_array(schema.TOKEN, shape=(layout.n_tokens,), chunks=token_chunks, dtype="int64",
+                 dimension_names=[schema.TOKEN])[:] = np.arange(layout.n_tokens, dtype=np.int64)
+    create_array(
         schema.SHARD_COMMITTED, shape=(layout.n_shards,), chunks=(1,), dtype="bool", fill_value=False,
-        compressors=compressor, dimension_names=[schema.SHARD],
+        dimension_names=[schema.SHARD],
         attributes={"description": "True once the shard's hidden states and labels are written; one chunk per shard"},
     )
     group.attrs.update(attrs)

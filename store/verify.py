@@ -9,7 +9,7 @@ from contextlib import contextmanager
 import numpy as np
 import zarr
 
-from store import commit, paths, schema
+from store import paths, schema
 from store.access import check_schema, consolidate, open_group
 from store.dtypes import decode
 from store.errors import LayerwaveError, is_damaged_chunk, store_writes
@@ -38,11 +38,11 @@ def verify_model(store: str, model_key: str) -> tuple[list[str], list[int]]:
     if "plan_hash" not in group.attrs:
         return [f"{model_key}: the template was never finished; re-run the extraction"], []
     layout = Layout(**group.attrs["layout"])
-    problems = _token_problems(group, layout, model_key)
-    bad, committed = [], commit.committed(group)
+    problems, template = _template_problems(group, layout, model_key)
     if problems:
         return problems, []
-    in_document = group[schema.DOC][:] >= 0  # padding holds no labels (NaN), by design
+    bad, committed = [], template[schema.SHARD_COMMITTED].astype(bool)
+    in_document = template[schema.DOC] >= 0  # padding holds no labels (NaN), by design
     for shard in np.flatnonzero(committed):
         start, stop = layout.shard_range(int(shard))
         for name in SHARD_ARRAYS:
@@ -70,9 +70,10 @@ def verify_model(store: str, model_key: str) -> tuple[list[str], list[int]]:
 PER_TOKEN = (schema.TOKEN_ID, schema.DOC, schema.POSITION, schema.LOSS_MASK, schema.TOKEN)
 
 
-def _token_problems(group: zarr.Group, layout: Layout, key: str) -> list[str]:
-    """The template's arrays (written once, before any shard): readable, shaped and consistent.
-    They are not a shard's, so damage here is repaired by extracting anew (--overwrite)."""
+def _template_problems(group: zarr.Group, layout: Layout, key: str) -> tuple[list[str], dict[str, np.ndarray]]:
+    """(problems, values) of the template's arrays (written once, before any shard): readable,
+    shaped and consistent. They are not a shard's, so damage here is repaired by extracting anew
+    (--overwrite)."""
     problems, values = [], {}
     for name in (*PER_TOKEN, schema.LAYER, schema.SHARD_COMMITTED):
         try:
@@ -80,12 +81,12 @@ def _token_problems(group: zarr.Group, layout: Layout, key: str) -> list[str]:
         except Exception as err:  # a codec's checksum or decompression error names no array
             problems.append(f"{key}: {name} is unreadable: {err}; extract this model again with --overwrite")
     if problems:
-        return problems
+        return problems, values
     for name in PER_TOKEN:
         if values[name].shape != (layout.n_tokens,):
             problems.append(f"{key}: {name} has shape {values[name].shape}, expected ({layout.n_tokens},)")
     if problems:
-        return problems
+        return problems, values
     if not np.array_equal(values[schema.LAYER], layout.stored_layers):
         problems.append(f"{key}: the layer coordinate is not {layout.stored_layers}")
     if not np.array_equal(values[schema.TOKEN], np.arange(layout.n_tokens)):
@@ -96,7 +97,7 @@ def _token_problems(group: zarr.Group, layout: Layout, key: str) -> list[str]:
     documents = doc >= 0  # padding restarts at 0 per piece, and two pieces can meet at the budget's end
     if np.any(np.diff(doc[documents]) < 0) or not np.array_equal(position[documents], expected[documents]):
         problems.append(f"{key}: doc/position are inconsistent (documents must be contiguous, positions 0, 1, ...)")
-    return problems
+    return problems, values
 
 
 def uncommit(store: str, model_key: str, shards: list[int]) -> None:

@@ -47,22 +47,24 @@ def read_generated(out: Path) -> tuple[list[tuple], list[int], dict]:
     if not manifest.get("complete"):
         raise LayerwaveError(f"corpus regen:{out} is incomplete; re-run the same `layerwave generate` to finish it")
     shards = committed_shards(out)[: manifest["shards"]]
-    damaged = (f"holds {len(shards)} of its {manifest['shards']} shards" if len(shards) < manifest["shards"]
-               else None)
+    if len(shards) < manifest["shards"]:
+        raise _damaged(out, f"holds {len(shards)} of its {manifest['shards']} shards")
     conversations, records = [], []
-    for path in shards if damaged is None else []:
+    for path in shards:
         try:
             rows = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]
         except (json.JSONDecodeError, UnicodeDecodeError):
-            damaged = f"has a damaged shard, {path.name}"
-            break
+            raise _damaged(out, f"has a damaged shard, {path.name}") from None
         for row in rows:
             conversations.append(GeneratedConversation(row["messages"], row["token_ids"], row["loss_mask"]))
             records.append(row["source_record"])
-    if damaged:  # shards are written whole: a copy cut short, or a file removed by hand
-        raise LayerwaveError(f"corpus regen:{out} {damaged}; generate it again (the same `layerwave generate` "
-                             "with --overwrite)")
     return conversations, records, manifest
+
+
+def _damaged(out: Path, what: str) -> LayerwaveError:
+    """Shards are written whole: a copy cut short, or a file removed by hand."""
+    return LayerwaveError(f"corpus regen:{out} {what}; generate it again (the same `layerwave generate` with "
+                          "--overwrite)")
 
 
 class GeneratedConversation(tuple):

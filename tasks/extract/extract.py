@@ -81,8 +81,7 @@ def prepare_store(request: ExtractRequest) -> dict:
                       "compute_dtype": str(loaded.model.dtype).removeprefix("torch.")},
             "corpus": {"spec": request.corpus, "seed": request.seed, "tokens_requested": request.tokens,
                        "max_length": request.max_length, "documents": int(len(plan.source_record)),
-                       "tokens": plan.n_tokens, "sha256": plan.digest(), "truncated": plan.truncated,
-                       "truncated_to": min(request.max_length, layout.shard_tokens)},
+                       "tokens": plan.n_tokens, "sha256": plan.digest(), "truncated": plan.truncated},
             "extraction": {"topk": request.topk, "batch_tokens": batch_tokens, "dtype": request.dtype,
                            "layers": request.layers or "all",
                            "storage_dtype_requested": request.storage_dtype, "probe_peak_abs": probe_peak},
@@ -122,7 +121,7 @@ def _summary(store: str, key: str, group: zarr.Group) -> dict:
     corpus = group.attrs["corpus"]
     return {"store": store, "model_key": key, "n_tokens": layout.n_tokens, "n_shards": layout.n_shards,
             "documents": corpus["documents"], "truncated": corpus.get("truncated", 0),
-            "truncated_to": corpus.get("truncated_to", corpus["max_length"]), "shard_tokens": layout.shard_tokens,
+            "truncated_to": min(corpus["max_length"], layout.shard_tokens),
             "committed": int(done.sum()), "pending": [int(i) for i in np.flatnonzero(~done)],
             "storage_dtype": layout.storage_dtype, "plan_hash": group.attrs["plan_hash"]}
 

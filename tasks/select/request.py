@@ -14,7 +14,7 @@ from tasks.request import option
 from tasks.select.selection import METHODS, Constraints
 
 
-def method_list(text: str) -> list[str]:
+def comma_list(text: str) -> list[str]:
     return [method.strip() for method in text.split(",")]
 
 
@@ -35,7 +35,7 @@ class SelectRequest:
     store: str = option(DEFAULT_STORE, "Zarr store (directory or fsspec URL)")
     k: int = option(3, "layers per set")
     methods: list[str] | None = option(None, f"comma-separated subset of {','.join(METHODS)} (default: all)",
-                                       type=method_list)
+                                       type=comma_list)
     low: int = option(1, cli=False)  # the command line gives low and high together: --layers LOW:HIGH
     high: int | None = option(None, cli=False)
     min_gap: int = option(1, "smallest distance between two layers of a set")
@@ -43,7 +43,7 @@ class SelectRequest:
     seed: int = option(0, "seed of the random control sets")
     n_random: int = option(3, "number of random control sets", flag="--random")
     analyses: list[str] | None = option(None, "token filters whose analyses propose sets, comma-separated (default: "
-                                              "every analysis in the store)", type=method_list)
+                                              "every analysis in the store)", type=comma_list)
 
     def check(self) -> Selection:
         """Every mistake, before any flow starts; finds the filters with an analysis."""

@@ -5,6 +5,7 @@ the out-of-core Dask statistics pass, the measures, the plots, and the summary i
 from __future__ import annotations
 
 import contextlib
+import os
 import time
 
 import numpy as np
@@ -12,7 +13,7 @@ from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
 from store import paths
-from store.access import consolidate, open_dataset
+from store.access import consolidate, is_local, open_dataset
 from store.errors import LayerwaveError
 from store.paths import Workspace
 from store.read import open_activations
@@ -44,8 +45,10 @@ def token_masks(store: str, model_key: str, filters: list[TokenFilter]) -> tuple
 def accumulate_task(analysis: Analysis) -> dict:
     """The statistics of every filter whose stored ones are missing or stale, in one pass."""
     logger = get_run_logger()
-    store, model_key, masks, source, config = (analysis.store, analysis.model_key, analysis.masks,
-                                               analysis.source, analysis.config)
+    model_key, masks, source, config = analysis.model_key, analysis.masks, analysis.source, analysis.config
+    store = analysis.request.store
+    if config.dask_address and is_local(store):  # a cluster's workers start in their own folder
+        store = os.path.abspath(store)
     shape = (source["n_layers"], source["d"])
     stale = {key: mask for key, mask in masks.items()
              if not is_current(open_stats(store, model_key, key), {"plan_hash": source["plan_hash"]}, *shape, config)}

@@ -8,7 +8,6 @@ imports what it needs.
 from __future__ import annotations
 
 import math
-import os
 from dataclasses import dataclass
 from typing import Any
 
@@ -59,7 +58,7 @@ class AnalyzeRequest:
         masks, source = token_masks(self.store, key, filters)
         sets = [check_layers(s, source["n_layers"]) for s in self.sets or []]
         config = PassConfig(int(self.memory_gb * (1 << 30)), self.partitions, self.sketch_dim, self.dask_address)
-        return Analysis(self, key, filters, masks, source, sets, config, worker_path(self.store, self.dask_address))
+        return Analysis(self, key, filters, masks, source, sets, config)
 
 
 @dataclass(frozen=True)
@@ -73,11 +72,3 @@ class Analysis:
     source: dict  # plan_hash, n_layers, d of the activations
     sets: list[list[int]]
     config: Any  # tasks.stats.stats_pass.PassConfig
-    store: str  # as the workers open it: a local path made absolute for a cluster's workers
-
-
-def worker_path(store: str, dask_address: str | None) -> str:
-    """A cluster's workers start in their own folder: a relative local path must not be read from there."""
-    from store.access import is_local
-
-    return os.path.abspath(store) if dask_address and is_local(store) else store
