@@ -48,14 +48,15 @@ def run(argv: list[str], prefect_api: str, env: dict | None = None, **popen) -> 
 def wait_until(condition, process: subprocess.Popen, timeout: float = 180) -> None:
     """Poll `condition` while the process runs; fail if it ends or stalls first. Between polls it
     sleeps 5 ms, or four times what a poll costs: a costly condition (reading a store) polled
-    back to back would take a core from the process it waits for."""
+    back to back would take a core from the process it waits for. At most 50 ms: on a busy
+    machine a poll can take a few hundred, and four times that let a fast run finish unseen."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         assert process.poll() is None, "the process ended before the awaited moment"
         began = time.perf_counter()
         if condition():
             return
-        time.sleep(max(0.005, 4 * (time.perf_counter() - began)))
+        time.sleep(min(0.05, max(0.005, 4 * (time.perf_counter() - began))))
     raise AssertionError("the process made no progress in time")
 
 

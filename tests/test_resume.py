@@ -30,7 +30,7 @@ def test_extraction_killed_at_three_points_resumes_to_an_identical_store(tmp_pat
 
     killed = str(tmp_path / "killed.zarr")
     argv = cli_argv("extract", extract_options(killed, corpus, **options))
-    delays = np.random.default_rng(20261129).uniform(0.0, 0.4, size=2)
+    delays = np.random.default_rng(20261129).uniform(0.0, 0.2, size=2)
     landed = []
     for point in range(3):
         before = committed(killed, TINY)
