@@ -108,7 +108,7 @@ PIPELINE_PRESETS = {
     "scale": PipelinePreset(
         store="layerwave-scale.zarr", tokens=50000, max_length=2048, entropy_quantile=0.5, n_random=1,
         candidates=1, train_preset="quick", epochs=1, seeds=(0,), benches=("mt-bench",), prompts=40,
-        max_new_tokens=128, depth=4, generate_tokens=1_000_000, generate_batch_size=64, generate_shard_size=256,
+        max_new_tokens=128, depth=4, generate_tokens=1_000_000, generate_batch_size=128, generate_shard_size=512,
         training_tokens=1_500_000, bfloat16_data=True),
 }
 

@@ -22,6 +22,17 @@ def test_rerun_of_a_finished_extraction_writes_nothing(tmp_path, corpus):
     assert second["committed"] == second["n_shards"]
 
 
+def test_the_same_corpus_spelled_relative_or_absolute_is_the_same_extraction(tmp_path, corpus, monkeypatch):
+    """`layerwave run --store x.zarr` names its corpus folder as the store is spelled; the same run
+    from another folder, or with an absolute --store, must find its store, not refuse it."""
+    absolute = corpus.removeprefix("jsonl:")
+    monkeypatch.chdir(os.path.dirname(absolute))
+    store = str(tmp_path / "s.zarr")
+    first = extract(**extract_options(store, f"jsonl:{os.path.basename(absolute)}", tokens=600))
+    again = extract(**extract_options(store, corpus, tokens=600))
+    assert first["tokens_written"] == 600 and again["tokens_written"] == 0 and again["complete"]
+
+
 def test_extraction_killed_at_three_points_resumes_to_an_identical_store(tmp_path, corpus, prefect_api):
     """SIGKILL mid-template, then twice at seeded random moments after a run's first new commit
     (often mid-write of the next shard); each re-run resumes; the end equals a clean run."""

@@ -54,7 +54,7 @@ def prepare_store(request: ExtractRequest) -> dict:
         root = open_root(request.store)
         key = loaded.provenance["key"]
         existing = _existing_group(root, key)
-        if existing is not None and existing.attrs.get("plan_hash") == wanted_hash:
+        if existing is not None and _same_extraction(existing, plan, identity, wanted_hash):
             return _summary(request.store, key, existing)
         if existing is not None and existing.attrs.get("plan_hash") and not request.overwrite:
             raise LayerwaveError(
@@ -91,6 +91,19 @@ def prepare_store(request: ExtractRequest) -> dict:
         })
         consolidate(request.store)
         return _summary(request.store, key, group)
+
+
+def _same_extraction(existing: zarr.Group, plan: TokenPlan, identity: dict, wanted_hash: str) -> bool:
+    """Whether the store holds this extraction, its corpus path perhaps spelled another way (relative
+    to another folder, absolute, through a link): the hash covers the tokens themselves, so the same
+    hash under the recorded spelling means the same tokens and settings."""
+    found = existing.attrs.get("plan_hash")
+    if found == wanted_hash:
+        return True
+    recorded = existing.attrs.get("corpus", {}).get("spec")
+    kind = identity["corpus"].partition(":")[0]
+    return (bool(found) and kind in ("regen", "jsonl") and isinstance(recorded, str)
+            and recorded.startswith(kind + ":") and found == plan_hash(plan, {**identity, "corpus": recorded}))
 
 
 def _existing_group(root: zarr.Group, key: str) -> zarr.Group | None:
