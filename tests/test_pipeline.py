@@ -17,6 +17,7 @@ from store.paths import Workspace
 from tasks.data.registry import add_model
 from tasks.pipeline_stages import by_priority, is_complete
 from tasks.report.report import mean_ci95, paired_difference_ci95, spearman, spearman_p, verdict
+from tasks.report.write_report import beside_the_store
 from tasks.select.selection import Candidate
 from tests.conftest import TINY, saved_checkpoint
 from tests.processes import cli_argv, run
@@ -129,6 +130,19 @@ def test_a_report_of_a_preset_no_run_trained_is_refused(finished, capsys):
         assert f"the training store {training} of the smoke run is gone; `layerwave run" in capsys.readouterr().err
     finally:
         away.rename(training)
+
+
+def test_a_report_from_another_folder_finds_the_corpus_beside_the_store(tmp_path, monkeypatch):
+    """`layerwave run --store runs/x.zarr` records its corpus as `regen:runs/x.corpora/…`, relative to
+    the folder it ran in; a report from elsewhere reads it beside the store."""
+    corpus = tmp_path / "runs" / "x.corpora" / f"{TINY}-sharegpt"
+    corpus.mkdir(parents=True)
+    recorded = f"regen:runs/x.corpora/{corpus.name}"
+    monkeypatch.chdir(tmp_path / "runs")
+    assert beside_the_store(recorded, str(tmp_path / "runs" / "x.zarr")) == f"regen:{corpus}"
+    monkeypatch.chdir(tmp_path)
+    assert beside_the_store(recorded, "runs/x.zarr") == recorded  # seen from here as recorded
+    assert beside_the_store(f"regen:{corpus}", "elsewhere.zarr") == f"regen:{corpus}"
 
 
 def test_report_command_regenerates_the_report(finished, tmp_path, capsys):

@@ -10,6 +10,7 @@ import numpy as np
 import zarr
 
 from flows.extract import extract
+from store.read import open_activations
 from tests.conftest import TINY, extract_options
 from tests.processes import assert_identical_stores, cli_argv, committed, start, wait_until
 
@@ -24,13 +25,18 @@ def test_rerun_of_a_finished_extraction_writes_nothing(tmp_path, corpus):
 
 def test_the_same_corpus_spelled_relative_or_absolute_is_the_same_extraction(tmp_path, corpus, monkeypatch):
     """`layerwave run --store x.zarr` names its corpus folder as the store is spelled; the same run
-    from another folder, or with an absolute --store, must find its store, not refuse it."""
+    from another folder, or with an absolute --store, must find its store, not refuse it. The store
+    keeps the spelling it was made with (a relative one keeps a study's keys the same on another
+    machine)."""
     absolute = corpus.removeprefix("jsonl:")
+    relative = f"jsonl:{os.path.basename(absolute)}"
     monkeypatch.chdir(os.path.dirname(absolute))
     store = str(tmp_path / "s.zarr")
-    first = extract(**extract_options(store, f"jsonl:{os.path.basename(absolute)}", tokens=600))
+    first = extract(**extract_options(store, relative, tokens=600))
+    monkeypatch.chdir(tmp_path)
     again = extract(**extract_options(store, corpus, tokens=600))
     assert first["tokens_written"] == 600 and again["tokens_written"] == 0 and again["complete"]
+    assert open_activations(store, TINY).attrs["corpus"]["spec"] == relative
 
 
 def test_extraction_killed_at_three_points_resumes_to_an_identical_store(tmp_path, corpus, prefect_api):

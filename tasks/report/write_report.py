@@ -72,7 +72,7 @@ def report_task(store: str, model_key: str, preset: str, sets: list[list[int]] |
     corpus = trained_on.attrs["corpus"]
     facts = {"model": model_key, "store": seen_from_the_run(store, store), "preset": preset,
              "training store": seen_from_the_run(training_store, store), "training corpus": seen_from_the_run(corpus["spec"], store), "training tokens": corpus["tokens"], "documents": corpus["documents"],
-             "target replies": replies_summary(corpus["spec"]),
+             "target replies": replies_summary(beside_the_store(corpus["spec"], store)),
              "seeds": ", ".join(map(str, p.seeds)), "benchmarks": ", ".join(benches),
              "prompts per benchmark": p.prompts, "max new tokens": p.max_new_tokens, "draft depth": p.depth,
              "selection scored on token filter": REFERENCE,
@@ -119,6 +119,15 @@ def screening_scores(records: list[dict]) -> dict[tuple, dict[int, dict]]:
         if record["round"] == "screening":
             scores.setdefault(tuple(record["layers"]), {})[record["seed"]] = record["tau_offline"]
     return scores
+
+
+def beside_the_store(spec: str, store: str) -> str:
+    """A relative regen: spec that this folder cannot see, as the corpus of that name beside the store
+    (where `layerwave run` writes it): a run from one folder, a report from another."""
+    kind, _, path = spec.partition(":")
+    if kind != "regen" or Path(path).is_absolute() or Path(path).exists():
+        return spec
+    return f"regen:{Workspace(store).beside('corpora') / Path(path).name}"
 
 
 def seen_from_the_run(spec: str, store: str) -> str:
