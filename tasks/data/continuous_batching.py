@@ -2,14 +2,10 @@
 ended takes the next prompt at once, so no step decodes padding.
 
 Each slot keeps its own conversation left-aligned in a preallocated KV cache (`SlotLayer`), with its
-own length: a new prompt's prefix is copied into its slot without re-padding the others, and a step
-writes one key per slot in place instead of growing the cache by concatenation (on a 2-core CPU,
-`DynamicCache`'s concatenation took a fifth of a batch-32 step). When no prompt is left, the slots
-still decoding are moved to the front and the step shrinks to them.
-
-Prompts are prefilled ahead, several in one right-padded forward (`prefilled`): one prompt of ~100
-tokens alone is too small a product to use a CPU well, and the prompts come sorted by length, so a
-group pads little. Right padding changes no real token's keys: attention is causal.
+own length: a new prompt is prefilled alone and copied into its slot, without re-padding the others,
+and a step writes one key per slot in place instead of growing the cache by concatenation (on a
+2-core CPU, `DynamicCache`'s concatenation took a fifth of a batch-32 step). When no prompt is left,
+the slots still decoding are moved to the front and the step shrinks to them.
 
 Models whose cache is not one plain layer per attention layer (sliding windows) are not handled:
 `slots_fit` says so, and generation falls back to padded batches.
@@ -18,7 +14,7 @@ Models whose cache is not one plain layer per attention layer (sliding windows) 
 from __future__ import annotations
 
 import time
-from typing import Callable, Iterator, NamedTuple
+from typing import Callable
 
 import torch
 from transformers.cache_utils import Cache, CacheLayerMixin, DynamicCache, DynamicLayer
@@ -86,12 +82,12 @@ class SlotCache(Cache):
         seen = torch.arange(self.width, device=lengths.device)[None, :] <= lengths[:, None]
         return seen[:, None, None, :]
 
-    def fill(self, slot: int, prefix: "Prefix") -> None:
-        for layer, (keys, values) in zip(self.layers, prefix.layers):
+    def fill(self, slot: int, prefix: DynamicCache) -> None:
+        for layer, prefilled in zip(self.layers, prefix.layers):
             if not layer.is_initialized:
-                layer.lazy_initialization(keys, values)
-            layer.fill(slot, keys, values)
-        self.lengths[slot] = prefix.length
+                layer.lazy_initialization(prefilled.keys, prefilled.values)
+            layer.fill(slot, prefilled.keys, prefilled.values)
+        self.lengths[slot] = prefix.get_seq_length()
 
     def keep(self, slots: list[int]) -> None:
         """Move `slots` to the front (in this order) and step only them from now on."""
@@ -100,32 +96,6 @@ class SlotCache(Cache):
             layer.move(sources)
         self.lengths[: len(slots)] = self.lengths[sources].clone()
         self.rows = len(slots)
-
-
-class Prefix(NamedTuple):
-    """A prompt's keys and values but for its last token, `[1, heads, length, dim]` per layer (none
-    for a one-token prompt)."""
-    length: int
-    layers: list[tuple[torch.Tensor, torch.Tensor]]
-
-
-def prefilled(model, prompts: list[list[int]], group: int) -> Iterator[Prefix]:
-    """Each prompt's `Prefix`, in order, computed `group` prompts to a forward."""
-    for start in range(0, len(prompts), group):
-        heads = [prompt[:-1] for prompt in prompts[start: start + group]]
-        width = max(map(len, heads))
-        if width == 0:
-            yield from (Prefix(0, []) for _ in heads)
-            continue
-        ids = torch.tensor([head + [0] * (width - len(head)) for head in heads], device=model.device)
-        real = torch.tensor([[1] * len(head) + [0] * (width - len(head)) for head in heads], device=model.device)
-        cache = model(input_ids=ids, attention_mask=real, use_cache=True, logits_to_keep=1).cache
-        for row, head in enumerate(heads):
-            yield Prefix(len(head), [(layer.keys[row: row + 1, :, : len(head)], layer.values[row: row + 1, :, : len(head)])
-                                     for layer in cache.layers] if head else [])
-
-
-PREFILL_GROUP = 8  # prompts prefilled in one forward
 
 
 def pick(logits: torch.Tensor, temperature: float) -> torch.Tensor:
@@ -145,7 +115,6 @@ def generate_continuous(model, prompts: list[list[int]], max_new_tokens: int, eo
         return []
     device = model.device
     queue = list(range(len(prompts)))[::-1]  # pop() takes them in order
-    prefixes = prefilled(model, prompts, PREFILL_GROUP)
     slots = max(1, min(slots, len(prompts)))
     cache = SlotCache(model, slots, max(map(len, prompts)) + max_new_tokens)
     owner: list[int | None] = [None] * slots  # the prompt each slot answers
@@ -154,9 +123,13 @@ def generate_continuous(model, prompts: list[list[int]], max_new_tokens: int, eo
 
     def admit(slot: int) -> None:
         index = queue.pop()
-        owner[slot] = index
-        cache.fill(slot, next(prefixes))
-        next_ids[slot] = prompts[index][-1]
+        owner[slot], prompt = index, prompts[index]
+        if len(prompt) > 1:
+            prefix = model(input_ids=torch.tensor([prompt[:-1]], device=device), use_cache=True, logits_to_keep=1).cache
+            cache.fill(slot, prefix)
+        else:
+            cache.lengths[slot] = 0
+        next_ids[slot] = prompt[-1]
 
     for slot in range(slots):
         admit(slot)
