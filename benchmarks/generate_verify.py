@@ -8,10 +8,10 @@ Generation decodes one token per row per step, and at 64-128 rows a step is far 
 bfloat16 peak (attention over each row's cache, small products). Drafting from the context's own
 n-grams (the target's greedy replies repeat: `lookup_rules.py`) would verify k+1 tokens per row in
 one forward instead: it pays where the tokens accepted per step exceed what the wider forward costs
-in decode steps. `--rows` rows with `--context` cached tokens each (bfloat16, SmolLM2), in a static cache written in
-place (as generation's slot cache is) and of one size for every width, so that each forward attends
-over as many keys; each forward is timed `--repeats` times, each after the last. Prints each width's
-cost in decode steps; writes JSON.
+in decode steps. `--rows` rows with `--context` cached tokens each (bfloat16, SmolLM2), in a static
+cache written in place (as generation's slot cache is) and of one size for every width, so that
+each forward attends over as many keys; each forward is timed `--repeats` times, each after the
+last. Prints each width's cost in decode steps; writes JSON.
 """
 
 from __future__ import annotations
@@ -54,14 +54,14 @@ def main() -> None:
     model = load_model.load(args.model, "cpu", "bfloat16").model
     widths = [int(width) for width in args.tokens.split(",")]
     capacity = args.context + (args.repeats + 1) * max(widths)
-    rows = []
+    forwards = []
     for width in widths:
         seconds = seconds_per_forward(model, args.rows, args.context, capacity, width, args.repeats)
-        steps = seconds / rows[0]["seconds"] if rows else 1.0
-        rows.append({"tokens_per_row": width, "seconds": seconds, "decode_steps": steps})
+        steps = seconds / forwards[0]["seconds"] if forwards else 1.0
+        forwards.append({"tokens_per_row": width, "seconds": seconds, "decode_steps": steps})
         print(f"{width} token(s) per row: {seconds * 1e3:.0f} ms, {steps:.2f} decode steps", flush=True)
-    result = {"model": args.model, "dtype": "bfloat16", "rows": args.rows, "context": args.context, "cache": capacity,
-              "threads": torch.get_num_threads(), "forwards": rows}
+    result = {"model": args.model, "dtype": "bfloat16", "rows": args.rows, "context": args.context,
+              "cache": capacity, "threads": torch.get_num_threads(), "forwards": forwards}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
     print(f"wrote {args.out}")

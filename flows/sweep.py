@@ -20,9 +20,10 @@ def installed_models(logger) -> list[str]:
     for name in sorted(registry()):
         spec = resolve(name)
         package = spec.options.get("package")
-        if spec.source == "random" or (package and importlib.util.find_spec(package) is None):
-            reason = "a random test model" if spec.source == "random" else f"not installed ({spec.options['install']})"
-            logger.info("sweep leaves out %s: %s", name, reason)
+        if spec.source == "random":
+            logger.info("sweep leaves out %s: a random test model", name)
+        elif package and importlib.util.find_spec(package) is None:
+            logger.info("sweep leaves out %s: not installed (%s)", name, spec.options["install"])
         else:
             names.append(name)
     return names

@@ -100,10 +100,10 @@ def _same_extraction(existing: zarr.Group, plan: TokenPlan, identity: dict, want
     found = existing.attrs.get("plan_hash")
     if found == wanted_hash:
         return True
-    recorded = existing.attrs.get("corpus", {}).get("spec")
+    recorded = existing.attrs.get("corpus", {}).get("spec", "")
     kind = identity["corpus"].partition(":")[0]
-    return (bool(found) and kind in ("regen", "jsonl") and isinstance(recorded, str)
-            and recorded.startswith(kind + ":") and found == plan_hash(plan, {**identity, "corpus": recorded}))
+    return (kind in ("regen", "jsonl") and recorded.startswith(kind + ":")
+            and found == plan_hash(plan, {**identity, "corpus": recorded}))
 
 
 def _existing_group(root: zarr.Group, key: str) -> zarr.Group | None:
